@@ -1,0 +1,87 @@
+"""`dllm-ais` command line: sample (more subcommands arrive with training).
+
+Each subcommand is a thin function over the package; heavy imports happen inside it, so `dllm-ais --help` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from dllm_ais.config import PRESETS, get_preset, override
+
+TINY_PROMPTS = ["12+7=", "3+45=", "Hello, "]
+
+
+def _quiet_third_party_logs() -> None:
+    """transformers imports torchao, whose optional CUDA extensions log load failures on CPU-only machines."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny-cpu", help=f"named preset: {', '.join(PRESETS)} (default tiny-cpu)")
+    p.add_argument("--model", default=None, help="local LLaDA checkpoint directory (overrides the preset's)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the preset's)")
+    p.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16 (default: preset's)")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling noise and the tiny model's weights")
+
+
+def _add_sampler_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gen-length", type=int, default=None, help="completion length in tokens")
+    p.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block length")
+    p.add_argument("--steps", type=int, default=None, help="total denoising steps")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    p.add_argument("--remasking", default=None, choices=["low_confidence", "random"])
+    p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from dllm_ais.models.load import encode_prompts, load_model_and_tokenizer, stop_token_ids
+    from dllm_ais.samplers.diffusion import diffusion_sample
+
+    preset = get_preset(args.preset)
+    model_cfg = override(preset.model, path=args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=args.block_length,
+                           steps=args.steps, temperature=args.temperature, remasking=args.remasking,
+                           cfg_scale=args.cfg_scale)
+    model, tokenizer = load_model_and_tokenizer(model_cfg)
+    prompts = args.prompt or (TINY_PROMPTS if model_cfg.path is None else ["What is 12 * 7? Think step by step."])
+    ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
+    generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
+    rollout = diffusion_sample(model, ids, mask, sampler_cfg, model.config.mask_token_id, stop_token_ids(model),
+                               generator=generator, progress=sys.stderr.isatty() or args.progress)
+    for prompt, comp, keep in zip(prompts, rollout.completion_ids, rollout.completion_mask, strict=True):
+        text = tokenizer.decode(comp[keep], skip_special_tokens=True)
+        print(f"### {prompt}\n{text}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dllm-ais", description="GRPO for diffusion LMs with FP8 rollouts and AIS.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("sample", help="generate completions with the masked-diffusion sampler")
+    _add_model_args(p)
+    _add_sampler_args(p)
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few built-in prompts")
+    p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the tokenizer's chat template")
+    p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
+    p.set_defaults(func=cmd_sample)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_third_party_logs()
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"dllm-ais {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

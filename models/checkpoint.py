@@ -1,0 +1,164 @@
+"""Read and write LLaDA checkpoint directories in the official layout, without trust_remote_code.
+
+A directory holds `config.json` (model_type "llada"), `model.safetensors` or sharded
+`model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`, and tokenizer files. Every tensor is checked
+by name and shape before anything is assigned; saving is atomic (temporary directory, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .llada import LLaDAConfig, LLaDAModelLM
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+# Files an official directory carries besides weights; copied on save so the output opens like the input.
+_PASSTHROUGH_SUFFIXES = (".py", ".json", ".model", ".txt", ".jinja")
+_WRITTEN_BY_US = {"config.json", INDEX_NAME}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message names the file, field or tensor."""
+
+
+def read_llada_config(path: str | os.PathLike) -> LLaDAConfig:
+    """Parse `path/config.json` into an LLaDAConfig, naming the field that is wrong."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file} not found: point --model at a LLaDA checkpoint directory.")
+    data = json.loads(cfg_file.read_text())
+    model_type = data.get("model_type")
+    if model_type != "llada":
+        raise CheckpointError(f"{cfg_file}: model_type is {model_type!r}, expected 'llada'. "
+                              "Autoregressive models go through the Qwen backend.")
+    if data.get("mask_token_id") is None:
+        raise CheckpointError(f"{cfg_file}: missing field 'mask_token_id' (126336 for LLaDA-8B); add it.")
+    config = LLaDAConfig.from_dict(data)
+    try:
+        config.validate()
+    except ValueError as e:
+        raise CheckpointError(f"{cfg_file}: {e}") from e
+    return config
+
+
+def _weight_files(path: Path) -> dict[str, list[str]]:
+    """Map each safetensors file in `path` to the tensor names it should hold (from the index when sharded)."""
+    index = path / INDEX_NAME
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no 'weight_map' object.")
+        files: dict[str, list[str]] = {}
+        for name, fname in weight_map.items():
+            files.setdefault(fname, []).append(name)
+        return files
+    if (path / SINGLE_NAME).is_file():
+        return {SINGLE_NAME: []}
+    raise CheckpointError(f"{path}: neither {SINGLE_NAME} nor {INDEX_NAME} found (only safetensors are loaded).")
+
+
+def load_llada(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
+               device: str | torch.device = "cpu") -> LLaDAModelLM:
+    """Load an official-layout LLaDA directory into LLaDAModelLM (eval mode), checking every tensor."""
+    path = Path(path)
+    config = read_llada_config(path)
+    with torch.device("meta"):
+        model = LLaDAModelLM(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state: dict[str, torch.Tensor] = {}
+    for fname, names in _weight_files(path).items():
+        fpath = path / fname
+        if not fpath.is_file():
+            raise CheckpointError(f"{fpath}: listed in {INDEX_NAME} but missing.")
+        with safe_open(str(fpath), framework="pt", device="cpu") as f:
+            keys = set(f.keys())
+            for name in names:
+                if name not in keys:
+                    raise CheckpointError(f"{fpath}: tensor {name!r} listed in the index is not in the file.")
+            for name in sorted(keys):
+                if name not in expected:
+                    raise CheckpointError(f"{fpath}: unexpected tensor {name!r} for a LLaDA model with "
+                                          f"{config.n_layers} layers.")
+                shape = tuple(f.get_slice(name).get_shape())
+                if shape != expected[name]:
+                    raise CheckpointError(f"{fpath}: tensor {name!r} has shape {shape}, config.json implies "
+                                          f"{expected[name]}.")
+                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(f"{path}: missing tensor(s) {', '.join(missing[:3])}{more}.")
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+def _shards(state: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def save_llada(model: LLaDAModelLM, path: str | os.PathLike, tokenizer=None,
+               source_dir: str | os.PathLike | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Write `model` to `path` in the official layout, atomically (an existing `path` is replaced only at the end).
+
+    `tokenizer` (if given) is saved beside the weights; `source_dir` is an official directory whose remaining files
+    (remote-code .py, tokenizer and generation configs) are copied so the output opens wherever the input did.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        if source_dir is not None:
+            for f in Path(source_dir).iterdir():
+                if f.is_file() and f.suffix in _PASSTHROUGH_SUFFIXES and f.name not in _WRITTEN_BY_US:
+                    shutil.copy2(f, tmp / f.name)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        model.config.architectures = ["LLaDAModelLM"]
+        model.config.to_json_file(str(tmp / "config.json"))
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        shards = _shards(state, max_shard_bytes)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / SINGLE_NAME), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, 1):
+                fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(shard, fname))
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            (tmp / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                     indent=2))
+        _replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished directory `src` to `dst`; an old `dst` is removed only after the new one is in place."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,67 @@
+"""Build a (model, tokenizer) pair from a ModelConfig: the tiny built-in model or a LLaDA checkpoint directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dllm_ais.config import ModelConfig
+
+from .checkpoint import load_llada
+from .llada import LLaDAModelLM
+from .tiny import tiny_model, tiny_tokenizer
+
+
+def resolve_checkpoint_dir(path: str) -> Path:
+    """A local directory as is; otherwise a hub repo id, fetched with huggingface_hub (needs network access)."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    if local.exists() or path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"--model {path}: not a checkpoint directory.")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.py", "*.txt", "*.model",
+                                                            "*.jinja"]))
+    except Exception as e:  # offline, unknown repo, no access
+        raise FileNotFoundError(f"--model {path}: not a local directory and the hub download failed ({e}). "
+                                "Download the checkpoint once and pass its directory with --model DIR.") from e
+
+
+def load_model_and_tokenizer(cfg: ModelConfig) -> tuple[LLaDAModelLM, object]:
+    """The BF16 (or cfg.dtype) model on cfg.device in eval mode, and its tokenizer (left padding)."""
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.path is None:
+        return tiny_model(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    ckpt = resolve_checkpoint_dir(cfg.path)
+    model = load_llada(ckpt, dtype=dtype, device=cfg.device)
+    tokenizer = AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=False)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = model.config.pad_token_id
+    return model, tokenizer
+
+
+def stop_token_ids(model: LLaDAModelLM) -> tuple[int, ...]:
+    """Tokens that end a completion: EOS and, where the config names one, end-of-turn."""
+    ids = (model.config.eos_token_id, getattr(model.config, "eot_token_id", None))
+    return tuple(i for i in ids if i is not None)
+
+
+def encode_prompts(tokenizer, prompts: list[str], chat: bool = True, device: str | torch.device = "cpu"):
+    """Left-padded prompt ids and mask [B, P]; wraps each prompt in the chat template when the tokenizer has one."""
+    if not prompts:
+        raise ValueError("no prompts given.")
+    if chat and getattr(tokenizer, "chat_template", None):
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                               tokenize=False) for p in prompts]
+        enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+    else:
+        enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+    if tokenizer.padding_side != "left":
+        raise ValueError("tokenizer.padding_side must be 'left' for diffusion sampling.")
+    return enc["input_ids"].to(device), enc["attention_mask"].bool().to(device)

@@ -1,0 +1,79 @@
+"""A tiny LLaDA and a character-level tokenizer, built offline and deterministically, for CPU runs and tests.
+
+The tokenizer uses LLaDA's special-token strings so prompts and chat handling look like the real model's; ids are
+small (mask 4, EOS/pad 1). Weights are drawn from an explicit `torch.Generator`, never the global RNG.
+"""
+
+from __future__ import annotations
+
+import string
+
+import torch
+from torch import nn
+
+from .llada import LLaDAConfig, LLaDAModelLM, RMSNorm
+
+PAD_EOS = "<|endoftext|>"
+BOS = "<|startoftext|>"
+EOT = "<|eot_id|>"
+MASK = "<|mdm_mask|>"
+UNK = "<|unk|>"
+SPECIAL_TOKENS = (UNK, PAD_EOS, BOS, EOT, MASK)  # ids 0..4
+CHARS = string.printable[:95] + "\n"  # digits, letters, punctuation, space, newline
+
+
+def tiny_vocab() -> dict[str, int]:
+    """Token -> id: the five special tokens, then one token per character."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in CHARS:
+        vocab.setdefault(ch, len(vocab))
+    return vocab
+
+
+def tiny_tokenizer():
+    """A PreTrainedTokenizerFast over single characters (left padding, pad = EOS as in LLaDA)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab=tiny_vocab(), unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token=UNK, pad_token=PAD_EOS, eos_token=PAD_EOS, bos_token=BOS,
+        mask_token=MASK, additional_special_tokens=[EOT], padding_side="left",
+    )
+
+
+def tiny_config(**overrides) -> LLaDAConfig:
+    """A 2-layer, d_model 128 LLaDA (about 0.4M parameters) matching `tiny_tokenizer()`'s ids."""
+    vocab = tiny_vocab()
+    fields = dict(
+        d_model=128, n_layers=2, n_heads=4, mlp_hidden_size=256, vocab_size=128, embedding_size=128,
+        max_sequence_length=256, rope_theta=10000.0, mask_token_id=vocab[MASK], eos_token_id=vocab[PAD_EOS],
+        pad_token_id=vocab[PAD_EOS], bos_token_id=vocab[BOS], eot_token_id=vocab[EOT],
+    )
+    fields.update(overrides)
+    return LLaDAConfig(**fields)
+
+
+def init_weights(model: nn.Module, generator: torch.Generator, std: float = 0.02) -> nn.Module:
+    """Re-draw every Linear/Embedding weight ~ N(0, std²) from `generator`; RMSNorm weights = 1."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                w = torch.empty(module.weight.shape, dtype=torch.float32)
+                w.normal_(0.0, std, generator=generator)
+                module.weight.copy_(w)
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+    return model
+
+
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> LLaDAModelLM:
+    """A tiny LLaDA with weights drawn from `torch.Generator().manual_seed(seed)`."""
+    with torch.device("meta"):
+        model = LLaDAModelLM(tiny_config(**overrides))
+    model = model.to_empty(device="cpu")
+    init_weights(model, torch.Generator().manual_seed(seed))
+    return model.to(dtype).eval()
