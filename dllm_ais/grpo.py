@@ -1,0 +1,180 @@
+"""The GRPO loss: token- or sequence-level clipped surrogate, optional k3 KL, weighted by the correction ω.
+
+Per token t of sequence i (TRL's GRPOTrainer, written out):
+
+    r_it   = exp(logp_train − logp_old)                       importance_sampling_level = token
+           = exp(mean_t (logp_train − logp_old))  [B, 1]      importance_sampling_level = sequence (GSPO)
+    surr   = −min(r Â_i, clip(r, 1 − ε, 1 + ε_high) Â_i)
+    kl     = exp(logp_ref − logp_train) − (logp_ref − logp_train) − 1              (k3)
+    ℓ_it   = ω · surr + β · kl                                ω: [B] or [B, L], detached (dllm_ais/correction.py)
+    loss   = aggregate(ℓ) by loss_type
+
+ω multiplies the surrogate only (not the KL), so the loss is affine in ω and the gradient of AIS's ω = (1 − λ) + λ w̃
+is exactly (1 − λ) ∇loss(ω = 1) + λ ∇loss(ω = w̃). Positions outside `mask` are replaced (torch.where) before any
+arithmetic: NaN/inf there never reach the loss or its gradient. Dividing by gradient-accumulation steps is the
+trainer's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dllm_ais.rl_config import GRPOConfig
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The loss and its detached diagnostics (TRL's names; clip ratios as TRL's clip_ratio/{low,high,region}_mean)."""
+
+    loss: torch.Tensor
+    """[] differentiable loss."""
+    policy_loss: torch.Tensor
+    """[] aggregated ω-weighted clipped surrogate (the loss without the β · KL term)."""
+    kl: torch.Tensor | None
+    """[] mean per-token k3 KL to the reference over counted tokens; None when no logp_ref was given."""
+    clip_ratio_low: torch.Tensor
+    """[] fraction of counted tokens (sequences, at sequence level) with r < 1 − ε and Â < 0."""
+    clip_ratio_high: torch.Tensor
+    """[] fraction with r > 1 + ε_high and Â > 0."""
+    clip_ratio_region: torch.Tensor
+    """[] fraction clipped either way (low or high): where the surrogate's gradient is zero."""
+
+    def metrics(self) -> dict[str, float]:
+        """Scalar metrics under DESIGN.md §8 names (one device sync)."""
+        names = {"loss/policy": self.policy_loss, "loss/clip_frac": self.clip_ratio_region,
+                 "loss/clip_frac_low": self.clip_ratio_low, "loss/clip_frac_high": self.clip_ratio_high}
+        if self.kl is not None:
+            names["loss/kl"] = self.kl
+        values = torch.stack([v.detach().double() for v in names.values()]).tolist()
+        return dict(zip(names, values, strict=True))
+
+
+# ------------------------------------------------------------------------------------ importance-sampling level
+
+def token_log_ratio(log_ratio: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per-token log ratio, unchanged: [B, L] -> [B, L]."""
+    return log_ratio
+
+
+def sequence_log_ratio(log_ratio: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """GSPO: mean log ratio over counted tokens (log of the geometric mean ratio): [B, L] -> [B, 1]."""
+    lengths = valid.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+    return torch.where(valid, log_ratio, 0).sum(-1, keepdim=True) / lengths
+
+
+LOG_RATIO_LEVELS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "token": token_log_ratio,
+    "sequence": sequence_log_ratio,
+}
+
+
+# ------------------------------------------------------------------------------------------------- aggregations
+# x: [B, L] or [B, 1] per-token loss (broadcast over L); valid: [B, L] bool; returns [].
+
+def aggregate_grpo(x: torch.Tensor, valid: torch.Tensor, max_completion_length: int) -> torch.Tensor:
+    """Mean over each sequence's counted tokens, then mean over the B sequences (empty sequences count as 0)."""
+    per_seq = torch.where(valid, x, 0).sum(-1) / valid.sum(-1).clamp(min=1)  # [B]
+    return per_seq.mean()
+
+
+def aggregate_dr_grpo(x: torch.Tensor, valid: torch.Tensor, max_completion_length: int) -> torch.Tensor:
+    """Dr.GRPO: sum over counted tokens / (B · max_completion_length), a constant normaliser."""
+    return torch.where(valid, x, 0).sum() / (valid.shape[0] * max_completion_length)
+
+
+def aggregate_token_mean(x: torch.Tensor, valid: torch.Tensor, max_completion_length: int) -> torch.Tensor:
+    """BNPO / DAPO: sum over counted tokens / number of counted tokens in the batch (0 if none).
+
+    TRL's `dapo` divides by the token count of the whole generation batch across processes and accumulation steps;
+    on one micro-batch that is this token mean. A trainer that splits a batch should rescale accordingly.
+    """
+    return torch.where(valid, x, 0).sum() / valid.sum().clamp(min=1)
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
+    "grpo": aggregate_grpo,
+    "dr_grpo": aggregate_dr_grpo,
+    "bnpo": aggregate_token_mean,
+    "dapo": aggregate_token_mean,
+}
+
+
+def _batch_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Mean of a per-token [B, L] statistic over counted tokens, or of a per-sequence [B, 1] one over non-empty
+    sequences; 0 when nothing counts."""
+    if x.shape[-1] == 1 and valid.shape[-1] != 1:
+        valid = valid.any(-1, keepdim=True)  # [B, 1]
+    return torch.where(valid, x, 0).sum() / valid.sum().clamp(min=1)
+
+
+# ---------------------------------------------------------------------------------------------------------- loss
+
+def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+              cfg: GRPOConfig, *, weights: torch.Tensor | None = None,
+              logp_ref: torch.Tensor | None = None) -> LossOutput:
+    """Clipped GRPO surrogate (+ β k3 KL), aggregated by cfg.loss_type.
+
+    logp_train: [B, L] log π_θ of the completion tokens (differentiable).
+    logp_old:   [B, L] log π_old (rollout-time BF16 policy), treated as a constant.
+    adv:        [B] advantages Â.
+    mask:       [B, L] bool, tokens that count; other positions may hold anything, NaN included.
+    weights:    None, [B] or [B, L]: ω from dllm_ais.correction (detached here); multiplies the surrogate.
+    logp_ref:   [B, L] reference log-probs; required when cfg.beta > 0 (logged as `kl` whenever given).
+    """
+    valid = mask.bool()  # [B, L]
+    if logp_train.shape != valid.shape or logp_old.shape != valid.shape:
+        raise ValueError(f"logp_train {tuple(logp_train.shape)} and logp_old {tuple(logp_old.shape)} must both have "
+                         f"the mask's shape {tuple(valid.shape)}.")
+    if adv.shape != valid.shape[:1]:
+        raise ValueError(f"adv must have shape [B] = {tuple(valid.shape[:1])}, got {tuple(adv.shape)}.")
+    if cfg.beta != 0.0 and logp_ref is None:
+        raise ValueError(f"GRPOConfig.beta={cfg.beta} needs logp_ref; pass reference log-probs or set beta=0.")
+    if cfg.loss_type == "dr_grpo" and valid.shape[1] > cfg.max_completion_length:
+        raise ValueError(f"completion length L={valid.shape[1]} exceeds max_completion_length="
+                         f"{cfg.max_completion_length}, the dr_grpo normaliser; raise max_completion_length.")
+    eps_low = cfg.epsilon
+    eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
+    has_tokens = valid.any(-1)  # [B]
+
+    logp = torch.where(valid, logp_train, 0)  # [B, L]
+    old = torch.where(valid, logp_old.detach(), 0)  # [B, L]
+    a = torch.where(has_tokens, adv.detach(), 0)[:, None]  # [B, 1]
+    log_iw = LOG_RATIO_LEVELS[cfg.importance_sampling_level](logp - old, valid)  # [B, L] or [B, 1]
+    coef_1 = torch.exp(log_iw)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    surrogate = -torch.min(coef_1 * a, coef_2 * a)  # [B, L] or [B, 1]
+
+    if weights is not None:
+        omega = weights.detach()
+        if omega.shape == valid.shape[:1]:
+            omega = torch.where(has_tokens, omega, 1)[:, None]  # [B, 1]
+        elif omega.shape == valid.shape:
+            omega = torch.where(valid, omega, 1)  # [B, L]
+        else:
+            raise ValueError(f"weights must have shape [B] or [B, L] = {tuple(valid.shape)}, got "
+                             f"{tuple(omega.shape)}.")
+        surrogate = surrogate * omega
+
+    per_token = surrogate
+    kl = None
+    if logp_ref is not None:
+        ref_diff = torch.where(valid, logp_ref.detach(), 0) - logp  # [B, L]
+        per_token_kl = torch.exp(ref_diff) - ref_diff - 1  # [B, L]
+        kl = _batch_mean(per_token_kl.detach(), valid)
+        if cfg.beta != 0.0:
+            per_token = surrogate + cfg.beta * per_token_kl
+
+    aggregate = AGGREGATIONS[cfg.loss_type]
+    loss = aggregate(per_token, valid, cfg.max_completion_length)
+    with torch.no_grad():
+        policy_loss = aggregate(surrogate, valid, cfg.max_completion_length)
+        is_low = (coef_1 < 1 - eps_low) & (a < 0)  # [B, L] or [B, 1]
+        is_high = (coef_1 > 1 + eps_high) & (a > 0)
+        clip_low = _batch_mean(is_low.to(logp.dtype), valid)
+        clip_high = _batch_mean(is_high.to(logp.dtype), valid)
+        clip_region = _batch_mean((is_low | is_high).to(logp.dtype), valid)
+    return LossOutput(loss=loss, policy_loss=policy_loss, kl=kl, clip_ratio_low=clip_low,
+                      clip_ratio_high=clip_high, clip_ratio_region=clip_region)
