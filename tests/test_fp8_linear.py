@@ -169,6 +169,13 @@ def test_fp8linear_rejects_bad_shapes_and_inputs():
         layer.load_weight_(torch.zeros(64, 32))
 
 
+def test_dtype_casts_keep_the_fp8_buffers():
+    layer = FP8Linear(32, 48, bias=True)
+    layer.to(torch.float16).float()
+    assert layer.weight_q.dtype == torch.float8_e4m3fn and layer.weight_scale.dtype == torch.float32
+    assert layer.bias.dtype == torch.float32
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # quantize_model
 
@@ -283,3 +290,22 @@ def test_sync_from_a_lora_master():
         logits = master(_ids())
         assert snr_db(logits, rollout_plain(_ids())) > MODEL_SNR_FLOOR_DB
         assert snr_db(rollout_plain(_ids()), rollout_peft(_ids())) > 40.0  # merged vs runtime LoRA head, both BF16
+
+
+def test_bench_script_smoke_sync(tmp_path):
+    """scripts/bench_fp8.py --smoke --bench sync writes JSON lines with the environment and the metrics."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_fp8.py"
+    spec = importlib.util.spec_from_file_location("bench_fp8", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "fp8.jsonl"
+    bench.main(["--smoke", "--bench", "sync", "--out", str(out)])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["metric"] for r in records} == {"copy_bandwidth_GBps", "floor_ms", "quantize_model_ms", "sync_weights_ms"}
+    assert all(
+        r["status"] == "ok" and r["value"] > 0 and {"device", "torch", "git_sha", "shape"} <= r.keys() for r in records
+    )

@@ -15,6 +15,7 @@ from .linear import (
     check_backend,
     quantize_model,
     sync_weights,
+    unavailable_reason,
 )
 from .quant import (
     dequantize_act,
@@ -40,4 +41,5 @@ __all__ = [
     "quantize_rowwise",
     "quantize_weight",
     "sync_weights",
+    "unavailable_reason",
 ]

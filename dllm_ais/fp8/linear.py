@@ -79,11 +79,11 @@ def _forward_torchao(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
     from . import kernels
 
     xq, xs = kernels.quantize_act(x)  # [M, K], [M, G]
-    return _torchao_gemm()(xq, xs, layer.weight_q, layer.weight_scale)  # [M, N] bf16
+    return torchao_blockwise_gemm()(xq, xs, layer.weight_q, layer.weight_scale)  # [M, N] bf16
 
 
 @functools.cache
-def _torchao_gemm() -> Callable:
+def torchao_blockwise_gemm() -> Callable:
     """torchao's blockwise_fp8_gemm(a, a_s, b, b_s) -> bf16; its module moved between torchao versions."""
     places = [
         "torchao.kernel.blockwise_quantization",
@@ -145,7 +145,7 @@ def _torchao_unavailable(device: torch.device) -> str | None:
     if reason:
         return reason
     try:
-        _torchao_gemm()
+        torchao_blockwise_gemm()
     except ImportError as e:
         return str(e)
     return None
@@ -174,6 +174,12 @@ BACKENDS: dict[str, Backend] = {
 @functools.cache
 def _unavailable(backend: str, device: torch.device) -> str | None:
     return BACKENDS[backend].unavailable(device)
+
+
+def unavailable_reason(backend: str, device: torch.device | str) -> str | None:
+    """Why `backend` cannot run on `device` (None when it can). The answer is cached per (backend, device)."""
+    check_backend(backend)
+    return _unavailable(backend, torch.device(device))
 
 
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
@@ -309,6 +315,17 @@ class FP8Linear(nn.Module):
         if self.bias is not None:
             y = y.float() + self.bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> FP8Linear:
+        """Like nn.Module._apply, but model.to(dtype) / .half() / .bfloat16() never cast the codes or the scales
+        (float8 counts as floating point to torch); devices still move. The bias follows the cast."""
+        for name, buf in self._buffers.items():
+            if buf is not None:
+                moved = fn(buf)
+                if name in ("weight_q", "weight_scale") and moved.dtype != buf.dtype:
+                    moved = buf.to(moved.device)
+                self._buffers[name] = moved
+        return self
 
     def extra_repr(self) -> str:
         return (
