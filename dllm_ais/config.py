@@ -5,7 +5,9 @@ Every field has a docstring; `__post_init__` rejects bad values with a message t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -68,6 +70,77 @@ class SamplerConfig:
         return self.gen_length // self.block_length
 
 
+ROLLOUT_PRECISIONS = ("bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop: data, optimisation, rollout precision, warm-up, checkpoints."""
+
+    task: str = "arith"
+    """Task name (dllm_ais.tasks registry): arith, gsm8k, math500, countdown, sudoku."""
+    data_path: str | None = None
+    """Local jsonl/parquet file for the task's training split; None = hub dataset or procedural generator."""
+    reward_fn: str | None = None
+    """Extra TRL-style reward function by import path ('pkg.module:func'), used instead of the task's reward."""
+    steps: int = 40
+    """Number of GRPO steps (each: rollouts, rewards, num_iterations optimizer updates, FP8 sync)."""
+    prompts_per_step: int = 8
+    """Prompts per step and process; each is sampled num_generations times."""
+    learning_rate: float = 3e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up (optimizer updates); constant afterwards."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 disables)."""
+    gradient_accumulation_steps: int = 1
+    """Split each update's batch into this many micro-batches (memory); one optimizer step per update."""
+    rollout_precision: str = "fp8"
+    """Rollout policy μ: `fp8` (FP8 copy of the master, resynced after every step) or `bf16` (the master itself)."""
+    fp8_backend: str = "torch"
+    """FP8 GEMM backend of the rollout copy: torch (reference, CPU), triton, scaled_mm, torchao."""
+    mismatch_num_draws: int = 4
+    """K mask draws of the coupled ELBO estimate of ℓ = log π_old − log μ (diffusion backends)."""
+    p_mask_prompt: float = 0.15
+    """d1 one-step estimator: probability of masking each prompt token (same mask for θ, π_old and reference)."""
+    lora_r: int = 0
+    """LoRA rank (peft) on every block linear; 0 = full fine-tuning."""
+    lora_alpha: float = 64.0
+    """LoRA alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    sft_steps: int = 0
+    """Masked-diffusion SFT warm-up steps before GRPO (built-in task only needs this); 0 = none."""
+    sft_batch_size: int = 64
+    """SFT batch size."""
+    sft_learning_rate: float = 3e-3
+    """SFT learning rate (AdamW)."""
+    save_every: int = 0
+    """Write a checkpoint every this many steps (0 = only at the end and on interruption)."""
+    seed: int = 0
+    """Seed for data order, rollouts and estimator noise (every random draw derives from it and the step)."""
+    tensorboard: bool = False
+    """Also log to tensorboard under <out>/tb."""
+
+    def __post_init__(self):
+        for name in ("steps", "prompts_per_step", "gradient_accumulation_steps", "mismatch_num_draws",
+                     "sft_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1.")
+        for name in ("warmup_steps", "sft_steps", "save_every", "lora_r"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0.")
+        if self.rollout_precision not in ROLLOUT_PRECISIONS:
+            raise ValueError(f"TrainConfig.rollout_precision={self.rollout_precision!r}: use one of "
+                             f"{', '.join(ROLLOUT_PRECISIONS)}.")
+        if not 0.0 <= self.p_mask_prompt < 1.0:
+            raise ValueError(f"TrainConfig.p_mask_prompt={self.p_mask_prompt} must be in [0, 1).")
+        if self.learning_rate <= 0 or self.sft_learning_rate <= 0:
+            raise ValueError("learning rates must be > 0.")
+
+
 @dataclass(frozen=True)
 class Preset:
     """A named bundle of component configs."""
@@ -80,16 +153,67 @@ class Preset:
     """Model to load."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     """Sampling settings for rollouts and `dllm-ais sample`."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Training loop settings."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """GRPO loss and advantages."""
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    """FP8 mismatch correction (AIS by default)."""
+
+    def __post_init__(self):
+        if self.grpo.max_completion_length < self.sampler.gen_length:
+            object.__setattr__(self, "grpo", replace(self.grpo, max_completion_length=self.sampler.gen_length))
+
+    def to_dict(self) -> dict:
+        """Plain nested dict (written to <out>/config.json)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Preset:
+        """Inverse of to_dict; unknown keys raise naming the section."""
+        parts = {"model": ModelConfig, "sampler": SamplerConfig, "train": TrainConfig, "grpo": GRPOConfig,
+                 "correction": CorrectionConfig}
+        kwargs = {"name": data["name"], "description": data.get("description", "")}
+        for key, cls_ in parts.items():
+            section = data.get(key, {})
+            known = {f.name for f in fields(cls_)}
+            unknown = set(section) - known
+            if unknown:
+                raise ValueError(f"config section {key!r} has unknown field(s) {sorted(unknown)}.")
+            kwargs[key] = cls_(**section)
+        return cls(**kwargs)
+
+
+def _d1(name: str, task: str, description: str) -> Preset:
+    """d1 / diffu-GRPO settings for LLaDA-8B-Instruct (LoRA r=128, α=64; G=6; 256 tokens, block 32, 128 steps)."""
+    return Preset(
+        name, description,
+        ModelConfig(path="GSAI-ML/LLaDA-8B-Instruct", dtype="bfloat16", device="cuda"),
+        SamplerConfig(gen_length=256, block_length=32, steps=128, temperature=0.9),
+        TrainConfig(task=task, steps=2000 if task in ("countdown", "sudoku") else 4000, prompts_per_step=1,
+                    learning_rate=3e-6, weight_decay=0.1, max_grad_norm=0.2, gradient_accumulation_steps=2,
+                    fp8_backend="triton", lora_r=128, lora_alpha=64.0, lora_dropout=0.05, save_every=100),
+        GRPOConfig(num_generations=6, scale_rewards="none", epsilon=0.5, beta=0.04, loss_type="grpo",
+                   max_completion_length=256, num_iterations=12),
+    )
 
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("tiny-cpu", "Tiny built-in LLaDA on CPU (seconds); the embedded default.",
-               ModelConfig(), SamplerConfig(gen_length=16, block_length=8, steps=8)),
+        Preset("tiny-cpu", "Tiny built-in LLaDA on CPU: SFT warm-up on arith, then AIS-GRPO with FP8 rollouts.",
+               ModelConfig(), SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0),
+               TrainConfig(task="arith", steps=60, prompts_per_step=8, learning_rate=1e-4, sft_steps=300,
+                           mismatch_num_draws=4),
+               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
+                          max_completion_length=4, num_iterations=2)),
         Preset("llada-8b-instruct", "LLaDA-8B-Instruct from a local directory (--model DIR), bf16 on GPU.",
                ModelConfig(path="GSAI-ML/LLaDA-8B-Instruct", dtype="bfloat16", device="cuda"),
                SamplerConfig(gen_length=256, block_length=32, steps=128)),
+        _d1("llada-8b-gsm8k", "gsm8k", "LLaDA-8B-Instruct AIS-GRPO on GSM8K with d1's settings (8 GPUs via accelerate)."),
+        _d1("llada-8b-math", "math500", "LLaDA-8B-Instruct AIS-GRPO on MATH (MATH-500 loader) with d1's settings."),
+        _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural) with d1's settings."),
+        _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural) with d1's settings."),
     )
 }
 

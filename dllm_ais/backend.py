@@ -1,0 +1,75 @@
+"""What the trainer needs from a policy family, behind one small interface.
+
+The trainer never branches on diffusion vs autoregressive: it calls a `Backend`.
+- `sample(model, prompt_ids, prompt_mask, generator)` -> Rollout (with the FP8 or the BF16 model).
+- `token_logp(model, rollout, seed)` -> [B, L] per-token log-probs used in the GRPO ratio π_θ / π_old; `seed` fixes
+  any estimator noise so θ and π_old (and the reference) see the same masks.
+- `mismatch_log_w(model_old, model_rollout, rollout, generator)` -> ℓ = log π_old − log μ, [B] (sequence level) or
+  [B, L] (token level, where the backend has exact per-token log-probs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from dllm_ais.config import SamplerConfig
+from dllm_ais.types import Rollout
+
+
+class Backend(Protocol):
+    is_causal: bool
+    """True for autoregressive models (exact per-token log-probs; token-level corrections available)."""
+
+    def sample(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generator: torch.Generator,
+               progress: bool = False) -> Rollout: ...
+
+    def token_logp(self, model, rollout: Rollout, seed: int) -> torch.Tensor: ...
+
+    def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator: torch.Generator,
+                       level: str) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class DiffusionBackend:
+    """LLaDA-style masked diffusion: LLaDA sampler, d1 one-step log-probs, coupled MC-ELBO mismatch."""
+
+    sampler: SamplerConfig
+    """Sampling settings for rollouts."""
+    mask_token_id: int
+    """Id of the mask token."""
+    stop_token_ids: Sequence[int]
+    """Tokens that end a completion (EOS, EoT)."""
+    p_mask_prompt: float = 0.15
+    """One-step estimator: probability of masking each prompt token."""
+    mismatch_num_draws: int = 4
+    """K mask draws of the coupled ELBO difference ℓ = ELBO_BF16 − ELBO_FP8 (common random numbers)."""
+    is_causal: bool = False
+
+    def sample(self, model, prompt_ids, prompt_mask, generator, progress=False) -> Rollout:
+        from dllm_ais.samplers.diffusion import diffusion_sample
+
+        return diffusion_sample(model, prompt_ids, prompt_mask, self.sampler, self.mask_token_id,
+                                self.stop_token_ids, generator=generator, progress=progress)
+
+    def token_logp(self, model, rollout: Rollout, seed: int) -> torch.Tensor:
+        from dllm_ais.likelihood.one_step import one_step_logprobs
+
+        return one_step_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                 generator=seed, p_mask_prompt=self.p_mask_prompt, mask_token_id=self.mask_token_id)
+
+    def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
+        if level != "sequence":
+            raise ValueError("diffusion models have sequence-level mismatch weights only (coupled ELBO); set "
+                             "correction_level='sequence'.")
+        if model_old is model_rollout:  # BF16 rollouts: μ = π_old exactly
+            return torch.zeros(rollout.completion_ids.shape[0], device=rollout.completion_ids.device)
+        from dllm_ais.likelihood.ratio import coupled_log_ratio
+
+        est = coupled_log_ratio(model_old, model_rollout, rollout.prompt_ids, rollout.prompt_mask,
+                                rollout.completion_ids, rollout.completion_mask, num_draws=self.mismatch_num_draws,
+                                generator=generator, mask_token_id=self.mask_token_id)
+        return est.log_ratio.float()

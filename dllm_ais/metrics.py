@@ -1,0 +1,92 @@
+"""Metric names (DESIGN.md §8) in one place, and the per-step writers: metrics.jsonl and optional tensorboard."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+# Logged every training step (the trainer checks that each is present).
+STEP = "step"
+REWARD_MEAN = "reward/mean"
+ADV_ZERO_STD = "adv/zero_std_frac"
+AIS_LAMBDA = "ais/lambda"
+AIS_ESS = "ais/ess_frac"
+AIS_DIVERGENCE = "ais/divergence"
+AIS_VAR_AMP = "ais/var_amp"
+AIS_TRUNC = "ais/trunc_frac"
+MISMATCH_KL = "mismatch/kl"
+MISMATCH_K3 = "mismatch/k3"
+LOSS_POLICY = "loss/policy"
+LOSS_CLIP = "loss/clip_frac"
+ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
+ROLLOUT_STEPS = "rollout/steps"
+ROLLOUT_GEN_LEN = "rollout/gen_len"
+SKIPPED_STEPS = "train/skipped_steps"
+REWARD_ERRORS = "reward/errors"
+
+REQUIRED_STEP_METRICS = (
+    STEP, REWARD_MEAN, ADV_ZERO_STD, AIS_LAMBDA, AIS_ESS, AIS_DIVERGENCE, AIS_VAR_AMP, AIS_TRUNC, MISMATCH_KL,
+    MISMATCH_K3, LOSS_POLICY, LOSS_CLIP, ROLLOUT_TOKENS_PER_S, ROLLOUT_STEPS, ROLLOUT_GEN_LEN, SKIPPED_STEPS,
+)
+
+
+def reward_key(task: str) -> str:
+    """`reward/<task>`."""
+    return f"reward/{task}"
+
+
+def time_key(phase: str) -> str:
+    """`time/<phase>` seconds spent in a phase of the step."""
+    return f"time/{phase}"
+
+
+def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)  # "nan"/"inf": JSON has no literal for them
+    return v
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to `metrics.jsonl` (flushed and fsynced) and mirrors to tensorboard."""
+
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = False):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+
+    def write(self, row: dict[str, float]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != STEP and isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, row[STEP])
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows with step > `step` (rows written after the checkpoint a resumed run starts from)."""
+        rows = read_metrics(self.path.parent)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            for row in rows:
+                if row[STEP] <= step:
+                    f.write(json.dumps(row) + "\n")
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """All rows of `run_dir/metrics.jsonl` (empty list if there is none)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

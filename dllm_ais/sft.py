@@ -1,0 +1,72 @@
+"""Masked-diffusion supervised fine-tuning (LLaDA's SFT objective), used for the embedded default's warm-up.
+
+For each sequence draw t ~ U(0, 1), mask every completion token independently with probability p = (1 − ε)t + ε,
+and minimise Σ_masked −log p_θ(y_j | masked input) / p, divided by the completion length. EOS padding inside the
+completion counts as real tokens (the model learns where to stop), as in LLaDA's SFT.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def sft_loss(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+             mask_token_id: int, generator: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
+    """LLaDA SFT loss. prompt_ids/prompt_mask [B, P] (left-padded), completion_ids [B, L] (EOS-padded)."""
+    B, L = completion_ids.shape
+    device = completion_ids.device
+    t = torch.rand(B, 1, generator=generator, device=device)  # [B, 1]
+    p_mask = (1 - eps) * t + eps  # [B, 1]
+    masked = torch.rand(B, L, generator=generator, device=device) < p_mask  # [B, L]
+    noisy = torch.where(masked, mask_token_id, completion_ids)
+    x = torch.cat([prompt_ids, noisy], dim=1)
+    attn = torch.cat([prompt_mask.bool(), torch.ones_like(masked)], dim=1)
+    logits = model(input_ids=x, attention_mask=attn, positions=slice(prompt_ids.shape[1], None)).logits  # [B, L, V]
+    nll = F.cross_entropy(logits.float().transpose(1, 2), completion_ids, reduction="none")  # [B, L]
+    weighted = torch.where(masked, nll / p_mask, 0.0)
+    return weighted.sum() / (B * L)
+
+
+def pad_completions(tokenizer, completions: list[str], length: int, eos_token_id: int) -> torch.Tensor:
+    """Tokenise completions, append EOS and pad with EOS to `length` -> [B, length]; errors when one is too long."""
+    rows = []
+    for text in completions:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_token_id]
+        if len(ids) > length:
+            raise ValueError(f"SFT completion {text!r} needs {len(ids)} tokens with EOS; raise gen_length above "
+                             f"{length}.")
+        rows.append(ids + [eos_token_id] * (length - len(ids)))
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
+            gen_length: int, mask_token_id: int, eos_token_id: int, seed: int, progress: bool = False):
+    """Masked-diffusion SFT on (prompt, completion) pairs: `steps` AdamW updates of `batch_size` pairs each."""
+    from dllm_ais.models.load import encode_prompts
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.Generator(device=device).manual_seed(seed + 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(steps, 1))  # linear decay to 0
+    model.train()
+    bar = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(bar, desc="SFT warm-up", unit="step")
+    for _ in bar:
+        idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
+        prompts, completions = zip(*(pairs[i] for i in idx), strict=True)
+        ids, mask = encode_prompts(tokenizer, list(prompts), chat=False, device=device)
+        target = pad_completions(tokenizer, list(completions), gen_length, eos_token_id).to(device)
+        loss = sft_loss(model, ids, mask, target, mask_token_id, noise)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if progress:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    return model.eval()
