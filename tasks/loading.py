@@ -1,0 +1,74 @@
+"""Reading task rows through ``datasets``: a local jsonl/parquet file offline, a hub dataset name online.
+
+``data_path`` ending in ``.jsonl``/``.json``/``.parquet`` (globs allowed) is read locally with
+``datasets.load_dataset("json"|"parquet", data_files=...)``; any other string is taken as a hub dataset name. Rows come
+back as plain dicts in file order (``limit`` keeps the first rows; the trainer shuffles with its own generator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+"""File suffix -> ``datasets`` builder name."""
+
+
+def local_format(data_path: str) -> str | None:
+    """``"json"``/``"parquet"`` when ``data_path`` names a local file by its suffix, else ``None`` (a hub name)."""
+    for suffix, builder in LOCAL_FORMATS.items():
+        if str(data_path).lower().endswith(suffix):
+            return builder
+    return None
+
+
+def read_rows(
+    split: str,
+    data_path: str | None,
+    hub_name: str,
+    hub_config: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of ``split`` from ``data_path`` (local file or hub name) or, when it is None, from ``hub_name``.
+
+    A local file *is* the split: all its rows are returned whatever ``split`` says.
+    """
+    import datasets  # heavy: imported only when data is actually read
+
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    source = hub_name if data_path is None else str(data_path)
+    builder = None if data_path is None else local_format(source)
+    if builder is not None:
+        dataset = datasets.load_dataset(builder, data_files=source, split="train")
+    else:
+        config = hub_config if data_path is None else None
+        try:
+            dataset = datasets.load_dataset(source, config, split=split)
+        except Exception as err:  # offline, unknown name, unknown split: say what to do instead
+            raise RuntimeError(
+                f"could not load split {split!r} of hub dataset {source!r} (config {config!r}): {err}. "
+                "Offline? pass data_path=<local .jsonl/.parquet file> instead."
+            ) from err
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    return dataset.to_list()
+
+
+def require(row: dict[str, Any], index: int, field: str, source: str, aliases: Sequence[str] = ()) -> Any:
+    """``row[field]`` (or the first present alias); ``ValueError`` naming the row index and field when absent/null."""
+    for name in (field, *aliases):
+        value = row.get(name)
+        if value is not None:
+            return value
+    also = f" (or {', '.join(repr(a) for a in aliases)})" if aliases else ""
+    present = sorted(k for k, v in row.items() if v is not None)
+    raise ValueError(f"{source}: row {index} has no field {field!r}{also}; its fields are {present}")
+
+
+def check_limit(limit: int | None, default: int) -> int:
+    """Number of rows a procedural generator makes: ``limit`` or the task's default."""
+    n = default if limit is None else limit
+    if n < 0:
+        raise ValueError(f"limit must be >= 0, got {n}")
+    return n
