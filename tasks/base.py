@@ -2,7 +2,8 @@
 
 A task is data + prompt + reward:
 - ``load(split, data_path=None, limit=None, seed=0) -> list[dict]``: rows with at least ``prompt`` (str) and the
-  task's answer columns (``Task.answer_columns``).
+  task's answer columns (``Task.answer_columns``); all rows of one call have the same keys (``None`` for a value a
+  source lacks), so a trainer can turn them into aligned reward columns.
 - ``reward(prompts, completions, **columns) -> list[float]``: TRL's reward-function signature. ``columns`` are the
   dataset columns, each a list aligned with ``completions``; unknown columns (and TRL extras such as
   ``completion_ids`` or ``trainer_state``) are ignored. Completions may be strings or TRL conversational completions

@@ -1,7 +1,7 @@
 """MATH-500 (``HuggingFaceH4/MATH-500``, split ``test`` only): competition problems graded with ``math-verify``.
 
-Rows: ``prompt``, ``problem``, ``answer`` (LaTeX, e.g. ``\\frac{1}{2}``), plus ``subject``/``level``/``unique_id``
-when the source has them.
+Rows: ``prompt``, ``problem``, ``answer`` (LaTeX, e.g. ``\\frac{1}{2}``), ``subject``, ``level``, ``unique_id``
+(``None`` when the source lacks them).
 
 Reward: the prediction is the last ``\\boxed{}`` inside the ``<answer>`` span (else the span's text, else the last
 ``\\boxed{}`` anywhere); no final answer -> 0.0. Gold (``$answer$``) and prediction are parsed and compared by
@@ -51,7 +51,7 @@ def load(split: str = "test", data_path: str | None = None, limit: int | None = 
     rows = []
     for i, raw in enumerate(read_rows(split, data_path, HUB_NAME, None, limit)):
         row = {"problem": require(raw, i, "problem", source), "answer": str(require(raw, i, "answer", source))}
-        row.update({k: raw[k] for k in OPTIONAL_FIELDS if raw.get(k) is not None})
+        row.update({k: raw.get(k) for k in OPTIONAL_FIELDS})
         rows.append({"prompt": build_prompt(row), **row})
     return rows
 

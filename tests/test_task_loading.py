@@ -105,3 +105,11 @@ def test_hub_failure_says_to_use_a_local_file(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(RuntimeError, match="Offline\\? pass data_path"):
         read_rows("train", None, "openai/gsm8k", "main")
+
+
+def test_optional_fields_keep_rows_aligned(tmp_path):
+    path = _write_jsonl(
+        tmp_path / "m.jsonl", [{"problem": "p0", "answer": "1", "subject": "Algebra"}, {"problem": "p1", "answer": "2"}]
+    )
+    rows = math500.load(data_path=path)
+    assert rows[0].keys() == rows[1].keys() and rows[0]["subject"] == "Algebra" and rows[1]["subject"] is None

@@ -64,6 +64,7 @@ def test_rewards_follow_trl_conventions(name, capsys):
     task = get_task(name)
     rows = _rows(task)
     assert all(isinstance(r["prompt"], str) and r["prompt"] == task.build_prompt(r) for r in rows)
+    assert all(r.keys() == rows[0].keys() for r in rows) and set(task.answer_columns) <= rows[0].keys()
     columns = {c: [r[c] for r in rows] for c in task.answer_columns}
     prompts = [r["prompt"] for r in rows]
     garbage = ["", "I don't know", "<answer></answer>"]
