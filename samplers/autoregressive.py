@@ -1,0 +1,181 @@
+"""Batched autoregressive sampling with a KV cache that records the exact log-prob of every sampled token.
+
+One prefill forward over the left-padded prompts, then one single-token forward per new token with a transformers
+`DynamicCache`. Position ids count real tokens only (left padding shifts nothing), and padded key positions are
+masked, so a row's tokens do not depend on how much padding its batch needed.
+
+Which distribution is sampled, and what is recorded (`logp_rollout`). For logits z (float64) at one position:
+  T > 0:  π(v) ∝ exp(z_v / T) restricted to the kept set K and renormalised over K, where
+            K = {v : z_v ≥ k-th largest z}        (top_k > 0; ties at the k-th value are all kept), then
+            K = smallest prefix of K in descending-probability order whose renormalised mass reaches top_p
+                (top_p < 1; the most likely token is always kept).
+          The token is drawn from π (Gumbel-max on log π) and log π(token) is recorded: the log-prob under the
+          distribution ACTUALLY sampled from, truncated and renormalised. This is the behaviour policy μ an
+          importance weight needs; with top_k/top_p active it differs from the plain tempered softmax that a trainer
+          recomputes (tokens outside K have μ = 0), so keep top_k = 0, top_p = 1 for unbiased RL rollouts.
+  T = 0:  greedy (argmax z; top_k/top_p must stay off); the recorded value is log softmax(z)(token), the model's own
+          untempered (T = 1) log-prob, since the point mass actually sampled carries no information.
+`sampling_logprobs` computes log π from any logits, so a teacher-forced forward can recompute μ exactly.
+"Exact" means: the log-prob of the forward that made the decision (cached, incremental). A teacher-forced forward of
+the same model agrees to float32 rounding (~1e-6); in bf16 the two differ by bf16 noise, and the recorded value is the
+one that was sampled from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dllm_ais.types import Rollout
+
+
+@dataclass(frozen=True)
+class ARSamplerConfig:
+    """Autoregressive sampling settings (TRL/transformers names)."""
+
+    max_new_tokens: int = 32
+    """Completion length L: tokens generated per prompt (rows that stop earlier are padded and masked out)."""
+    temperature: float = 1.0
+    """Softmax temperature T (logits / T, float64); 0 = greedy argmax."""
+    top_k: int = 0
+    """Keep only tokens whose logit is >= the k-th largest (ties kept) before sampling; 0 = off. Needs T > 0."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the most likely tokens until their mass reaches top_p, in (0, 1]; 1 = off. Needs T > 0."""
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy).")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = off).")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 = off).")
+        if self.temperature == 0 and (self.top_k or self.top_p < 1):
+            raise ValueError("temperature=0 is greedy decoding, where top_k/top_p do nothing: set top_k=0 and "
+                             "top_p=1.0, or use temperature > 0.")
+
+
+def sampling_logprobs(logits: torch.Tensor, config: ARSamplerConfig) -> torch.Tensor:
+    """log π over the vocabulary: logits [..., V] -> [..., V] float64, −inf outside the kept set (see module doc)."""
+    z = logits.to(torch.float64)
+    if config.temperature == 0:
+        return z.log_softmax(-1)
+    z = z / config.temperature
+    if config.top_k:
+        kth = z.topk(min(config.top_k, z.shape[-1]), dim=-1).values[..., -1:]  # [..., 1]
+        z = z.masked_fill(z < kth, -torch.inf)
+    if config.top_p < 1:
+        p_sorted, order = z.softmax(-1).sort(dim=-1, descending=True, stable=True)  # [..., V]
+        mass_before = p_sorted.cumsum(-1) - p_sorted  # mass of strictly more likely tokens
+        drop_sorted = mass_before >= config.top_p  # the first token has mass_before 0 < top_p: always kept
+        z = z.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), -torch.inf)
+    return z.log_softmax(-1)
+
+
+def sample_tokens(logp: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from log π [B, V] (float64): argmax when greedy, else Gumbel-max (exact sampling from π)."""
+    if greedy:
+        return logp.argmax(-1)
+    u = torch.rand(logp.shape, generator=generator, device=logp.device, dtype=torch.float64)
+    gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))
+    return (logp + gumbel).argmax(-1)  # −inf entries are never chosen
+
+
+def _check_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+    if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
+        raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be "
+                         "equal [B, P] shapes.")
+    if prompt_ids.shape[1] == 0 or not prompt_mask.bool().any(-1).all():
+        raise ValueError("every row needs at least one real prompt token (e.g. BOS): the first new token is "
+                         "predicted from the last prompt position.")
+    if prompt_mask.bool()[:, -1].logical_not().any():
+        raise ValueError("prompts must be LEFT-padded (prompt_mask True at the last position of every row); set "
+                         "tokenizer.padding_side = 'left'.")
+
+
+@torch.no_grad()
+def ar_sample(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    config: ARSamplerConfig,
+    stop_token_ids: Sequence[int],
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    pad_token_id: int | None = None,
+) -> Rollout:
+    """Generate up to `config.max_new_tokens` tokens after each left-padded prompt, recording exact log-probs.
+
+    model: a transformers causal LM (or its FP8 copy) callable as model(input_ids, attention_mask, position_ids,
+    past_key_values, use_cache, logits_to_keep) -> .logits. prompt_ids/prompt_mask [B, P]. stop_token_ids: a row is
+    finished after emitting one of them; finished rows are fed `pad_token_id` (default: the first stop token), get
+    completion_mask False and logp 0, and decoding stops once every row has finished (the rest of [B, L] is padding).
+    generator: explicit RNG for the sampling noise (on the model's device); the global RNG is never touched when one
+    is given (None at T > 0 falls back to torch's global RNG, as torch.rand does).
+    Returns a Rollout with completion_ids/completion_mask/commit_step/logp_rollout [B, L = max_new_tokens] and
+    num_steps = forward passes made (= tokens decoded per row, prefill included).
+    """
+    from transformers import DynamicCache
+
+    _check_prompts(prompt_ids, prompt_mask)
+    stops = list(stop_token_ids)
+    if not stops:
+        raise ValueError("stop_token_ids is empty: pass at least the EOS id.")
+    pad = stops[0] if pad_token_id is None else pad_token_id
+    B, _ = prompt_ids.shape
+    L, device = config.max_new_tokens, prompt_ids.device
+    prompt_mask = prompt_mask.bool()
+    stop_ids = torch.tensor(stops, device=device)
+
+    completion = torch.full((B, L), pad, dtype=prompt_ids.dtype, device=device)
+    mask = torch.zeros(B, L, dtype=torch.bool, device=device)
+    logp_rollout = torch.zeros(B, L, dtype=torch.float32, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+
+    attn = prompt_mask.long()  # [B, P + t], grows by one column per step
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)  # [B, P]: real tokens count 0, 1, ...; padding gets 0
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    next_pos = pos[:, -1:] + 1  # [B, 1]
+    num_steps = 1
+    bar = _progress(L, progress)
+    for t in range(L):
+        logp = sampling_logprobs(out.logits[:, -1], config)  # [B, V] float64
+        token = sample_tokens(logp, config.temperature == 0, generator)  # [B]
+        token_logp = logp.gather(-1, token[:, None]).squeeze(-1)  # [B]
+        completion[:, t] = torch.where(done, pad, token)
+        logp_rollout[:, t] = torch.where(done, 0.0, token_logp).float()
+        mask[:, t] = ~done
+        done = done | torch.isin(completion[:, t], stop_ids)
+        bar.update(1)
+        if t == L - 1 or bool(done.all()):
+            break
+        attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
+        out = model(input_ids=completion[:, t:t + 1], attention_mask=attn, position_ids=next_pos,
+                    past_key_values=cache, use_cache=True)
+        next_pos = next_pos + 1
+        num_steps += 1
+    bar.close()
+    commit_step = torch.arange(L, device=device).expand(B, L).clone()
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
+                   commit_step=commit_step, num_steps=num_steps, logp_rollout=logp_rollout)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="decoding", unit="tok", leave=False)
