@@ -79,6 +79,8 @@ class TrainConfig:
 
     task: str = "arith"
     """Task name (dllm_ais.tasks registry): arith, gsm8k, math500, countdown, sudoku."""
+    task_config: dict = field(default_factory=dict)
+    """Fields of a procedural task's generator config, e.g. {"max_operand": 9} for arith ({} = the task's defaults)."""
     data_path: str | None = None
     """Local jsonl/parquet file for the task's training split; None = hub dataset or procedural generator."""
     reward_fn: str | None = None
@@ -203,8 +205,8 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset("tiny-cpu", "Tiny built-in LLaDA on CPU: SFT warm-up on arith, then AIS-GRPO with FP8 rollouts.",
                ModelConfig(), SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0),
-               TrainConfig(task="arith", steps=60, prompts_per_step=8, learning_rate=1e-4, sft_steps=300,
-                           mismatch_num_draws=4),
+               TrainConfig(task="arith", task_config={"max_operand": 9}, steps=200, prompts_per_step=8,
+                           learning_rate=3e-4, sft_steps=300, mismatch_num_draws=4),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
                           max_completion_length=4, num_iterations=2)),
         Preset("llada-8b-instruct", "LLaDA-8B-Instruct from a local directory (--model DIR), bf16 on GPU.",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import torch
@@ -24,18 +25,28 @@ def task_rows_and_reward(preset: Preset):
         task = get_task(tc.task)
     except KeyError as e:
         raise ValueError(e.args[0]) from None
-    rows = task.load("train", data_path=tc.data_path, seed=tc.seed)
+    rows = task.load("train", data_path=tc.data_path, seed=tc.seed, **task_config_kwargs(task.load, tc.task_config))
     if not rows:
         raise ValueError(f"task {tc.task!r} has no training rows (data_path={tc.data_path!r}).")
     reward = load_reward_function(tc.reward_fn) if tc.reward_fn else task.reward
     return task, rows, reward
 
 
-def _sft_pairs(task_name: str, n: int, seed: int):
+def task_config_kwargs(fn, options: dict) -> dict:
+    """{"config": TaskConfig(**options)} for a task function taking `config=`, {} when there are no options."""
+    if not options:
+        return {}
+    param = inspect.signature(fn).parameters.get("config")
+    if param is None or param.default is inspect.Parameter.empty:
+        raise ValueError(f"train.task_config={options} given, but {fn.__module__}.{fn.__name__} takes no config.")
+    return {"config": type(param.default)(**options)}
+
+
+def _sft_pairs(task_name: str, n: int, seed: int, options: dict):
     module = importlib.import_module(f"dllm_ais.tasks.{task_name}")
     if not hasattr(module, "sft_pairs"):
         raise ValueError(f"task {task_name!r} has no sft_pairs(); set train.sft_steps=0 or use the arith task.")
-    return module.sft_pairs(n, seed=seed)
+    return module.sft_pairs(n, seed=seed, **task_config_kwargs(module.sft_pairs, options))
 
 
 def build_llada_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress: bool) -> Policy:
@@ -52,7 +63,7 @@ def build_llada_policy(preset: Preset, run: RunDir, use_chat_template: bool, pro
         if cache.is_dir():
             model = load_llada(cache, dtype=getattr(torch, preset.model.dtype), device=preset.model.device)
         else:
-            pairs = _sft_pairs(tc.task, 20_000, tc.seed)
+            pairs = _sft_pairs(tc.task, 20_000, tc.seed, tc.task_config)
             warm_up(model, tokenizer, pairs, tc.sft_steps, tc.sft_batch_size, tc.sft_learning_rate,
                     preset.sampler.gen_length, model.config.mask_token_id, model.config.eos_token_id, tc.seed,
                     progress=progress)

@@ -59,7 +59,7 @@ def load(
 ) -> list[dict]:
     """Distinct generated problems (``limit`` defaults to ``DEFAULT_SIZE[split]``) or rows from a local file."""
     if data_path is None:
-        n = check_limit(limit, DEFAULT_SIZE.get(split, 0))
+        n = check_limit(limit, min(DEFAULT_SIZE.get(split, 0), split_size(split, config)))
         rows = generate_rows(NAME, lambda rng: random_problem(rng, config), build_prompt, n, split, seed)
     else:
         rows = []
@@ -67,6 +67,12 @@ def load(
             a, b = int(require(raw, i, "a", data_path)), int(require(raw, i, "b", data_path))
             rows.append({"a": a, "b": b, "answer": str(a + b)})
     return [{"prompt": build_prompt(row), **row} for row in rows]
+
+
+def split_size(split: str, config: ArithConfig = ArithConfig()) -> int:
+    """Number of distinct problems in `split` (small operand ranges hold fewer than DEFAULT_SIZE)."""
+    m = config.max_operand
+    return sum(split_of(f"{a}+{b}=") == split for a in range(m + 1) for b in range(m + 1))
 
 
 def sft_pairs(n: int, seed: int = 0, config: ArithConfig = ArithConfig()) -> list[tuple[str, str]]:
