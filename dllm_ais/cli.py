@@ -1,4 +1,4 @@
-"""`dllm-ais` command line: sample (more subcommands arrive with training).
+"""`dllm-ais` command line: train (the main job), sample, eval, plot, variance.
 
 Each subcommand is a thin function over the package; heavy imports happen inside it, so `dllm-ais --help` is fast.
 """
@@ -60,9 +60,70 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_preset(args: argparse.Namespace):
+    from dataclasses import replace
+
+    preset = get_preset(args.preset)
+    train = override(preset.train, task=args.task, data_path=args.data, reward_fn=args.reward_fn, steps=args.steps,
+                     rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
+                     learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
+                     save_every=args.save_every, tensorboard=args.tensorboard or None)
+    if args.task and args.task != preset.train.task:
+        train = replace(train, task_config={})  # generator options belong to the preset's own task
+    return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
+                   train=train, correction=override(preset.correction, correction=args.correction))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import math
+    import time
+
+    import torch
+
+    from dllm_ais.metrics import REWARD_MEAN, read_metrics
+    from dllm_ais.train_job import run_training
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    preset = _train_preset(args)
+    out = args.out or f"runs/{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    t0 = time.perf_counter()
+    try:
+        run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps)
+    except KeyboardInterrupt:
+        return 130
+    rows = [r for r in read_metrics(out) if math.isfinite(r.get(REWARD_MEAN, math.nan))]
+    q = max(1, len(rows) // 4)
+    first = sum(r[REWARD_MEAN] for r in rows[:q]) / q if rows else float("nan")
+    last = sum(r[REWARD_MEAN] for r in rows[-q:]) / q if rows else float("nan")
+    print(f"run {out}: {len(rows)} steps in {time.perf_counter() - t0:.0f} s; reward/mean first quarter "
+          f"{first:.3f} -> last quarter {last:.3f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm-ais", description="GRPO for diffusion LMs with FP8 rollouts and AIS.")
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)")
+    _add_model_args(p)
+    p.add_argument("--out", default=None, help="run directory (default runs/<preset>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--task", default=None, help="task: arith, gsm8k, math500, countdown, sudoku")
+    p.add_argument("--data", default=None, help="local jsonl/parquet training file for the task")
+    p.add_argument("--reward-fn", default=None, help="TRL-style reward function 'package.module:function'")
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps")
+    p.add_argument("--lr", type=float, default=None, help="learning rate")
+    p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps (tiny default: 300)")
+    p.add_argument("--rollout-precision", default=None, choices=["bf16", "fp8"])
+    p.add_argument("--fp8-backend", default=None, help="torch (CPU), triton, scaled_mm, torchao")
+    p.add_argument("--correction", default=None, choices=["none", "is", "tis", "mis", "ais"])
+    p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
+    p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
+    p.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train, seed=None)
+
     p = sub.add_parser("sample", help="generate completions with the masked-diffusion sampler")
     _add_model_args(p)
     _add_sampler_args(p)
@@ -78,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_third_party_logs()
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError, RuntimeError) as e:
         print(f"dllm-ais {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -42,12 +41,6 @@ def time_key(phase: str) -> str:
     return f"time/{phase}"
 
 
-def _jsonable(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return repr(v)  # "nan"/"inf": JSON has no literal for them
-    return v
-
-
 class MetricsWriter:
     """Appends one JSON object per step to `metrics.jsonl` (flushed and fsynced) and mirrors to tensorboard."""
 
@@ -61,7 +54,7 @@ class MetricsWriter:
 
     def write(self, row: dict[str, float]) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+            f.write(json.dumps(row) + "\n")  # NaN/Infinity as Python's json writes and reads them
             f.flush()
             os.fsync(f.fileno())
         if self._tb is not None:

@@ -73,6 +73,11 @@ class RunDir:
         _atomic_write_text(self.config_file, json.dumps(preset.to_dict(), indent=2))
         return preset
 
+    def update_config(self, preset: Preset) -> Preset:
+        """Rewrite config.json (a resumed run whose step count changed)."""
+        _atomic_write_text(self.config_file, json.dumps(preset.to_dict(), indent=2))
+        return preset
+
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""
         pointer = self.checkpoints / "latest"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -103,13 +104,21 @@ def _load_llada_or_adapter(model, directory: Path) -> None:
     model.load_state_dict(loaded.state_dict())
 
 
-def run_training(preset: Preset, out: str | Path, resume: bool = False, progress: bool = True) -> Trainer:
-    """Create/resume the run in `out` and train to the end; returns the finished Trainer."""
+def run_training(preset: Preset, out: str | Path, resume: bool = False, progress: bool = True,
+                 steps: int | None = None) -> Trainer:
+    """Create/resume the run in `out` and train to the end; returns the finished Trainer.
+
+    A resumed run uses the configuration saved in `out`; `steps` (if given) extends or shortens it.
+    """
     run = RunDir(out)
     if not resume and run.holds_run():
         run.create(preset, resume=False)  # raises the clear "already holds a run" error before any work
+    if resume:
+        preset = run.create(preset, resume=True)
+    if steps is not None:
+        preset = replace(preset, train=replace(preset.train, steps=steps))
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
-    preset = run.create(preset, resume)
+    preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
     policy = build_llada_policy(preset, run, task.use_chat_template, progress)
     trainer = Trainer(preset, policy, run, reward, rows, progress=progress)
     if resume:

@@ -1,0 +1,164 @@
+"""The training loop on the tiny model: parameters move, metrics are complete, resume reproduces, failures are clean."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import dllm_ais.trainer as trainer_module
+from dllm_ais import metrics as M
+from dllm_ais.config import get_preset
+from dllm_ais.run_dir import CheckpointCorrupt, RunDir
+from dllm_ais.train_job import run_training
+
+TIMING_KEYS = ("time/", "rollout/tokens_per_s")
+
+
+def small_preset(**train):
+    """tiny-cpu shrunk to seconds: 2 prompts x 4 generations, 4-token completions, a few SFT steps."""
+    p = get_preset("tiny-cpu")
+    fields = dict(steps=3, prompts_per_step=2, sft_steps=3, sft_batch_size=8, mismatch_num_draws=2)
+    fields.update(train)
+    return replace(p, train=replace(p.train, **fields), grpo=replace(p.grpo, num_generations=4))
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in rows]
+
+
+def _final_weights(run):
+    return load_file(str(RunDir(run).latest() / "model" / "model.safetensors"))
+
+
+def test_training_changes_parameters_and_logs_every_metric(tmp_path):
+    run = tmp_path / "run"
+    run_training(small_preset(), run, progress=False)
+    rows = M.read_metrics(run)
+    assert [r[M.STEP] for r in rows] == [0, 1, 2]
+    for row in rows:
+        missing = [k for k in M.REQUIRED_STEP_METRICS if k not in row]
+        assert not missing, missing
+        for key in (M.AIS_LAMBDA, M.AIS_ESS, M.AIS_DIVERGENCE, M.AIS_VAR_AMP, M.MISMATCH_KL, M.REWARD_MEAN):
+            assert isinstance(row[key], float) and math.isfinite(row[key]), key
+        assert 0.0 <= row[M.AIS_LAMBDA] <= 1.0 and 0.0 < row[M.AIS_ESS] <= 1.0
+        assert row[M.ROLLOUT_TOKENS_PER_S] > 0
+    start = load_file(str(run / "sft" / "model.safetensors"))
+    end = _final_weights(run)
+    changed = [k for k in start if not torch.equal(start[k], end[k])]
+    assert len(changed) == len(start), "every tensor of a fully fine-tuned model moves"
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["steps"] == 3 and config["correction"]["correction"] == "ais"
+
+
+def test_bf16_rollouts_have_no_mismatch(tmp_path):
+    run_training(small_preset(steps=2, rollout_precision="bf16"), tmp_path / "run", progress=False)
+    for row in M.read_metrics(tmp_path / "run"):
+        assert row[M.AIS_LAMBDA] == 0.0 and row[M.AIS_ESS] == 1.0 and row[M.AIS_DIVERGENCE] == 0.0
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    run_training(small_preset(steps=4), whole, progress=False)
+    run_training(small_preset(steps=2), split, progress=False)
+    run_training(small_preset(), split, resume=True, progress=False, steps=4)
+    a, b = M.read_metrics(whole), M.read_metrics(split)
+    assert [r[M.STEP] for r in b] == [0, 1, 2, 3]
+    assert _comparable(a) == _comparable(b)
+    wa, wb = _final_weights(whole), _final_weights(split)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _reward_module(tmp_path, monkeypatch, body):
+    """A user reward module, importable by path (a fresh module name per test: module state must not leak)."""
+    name = f"user_rewards_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{name}:reward"
+
+
+def test_interrupt_writes_a_loadable_checkpoint(tmp_path, monkeypatch):
+    fn = _reward_module(tmp_path, monkeypatch, (
+        "calls = []\n"
+        "def reward(prompts, completions, **cols):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 3:\n"
+        "        raise KeyboardInterrupt\n"
+        "    return [0.0] * len(completions)\n"))
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_training(small_preset(steps=5, reward_fn=fn), run, progress=False)
+    ckpt = RunDir(run).latest()
+    assert ckpt.name == "step-000002"
+    RunDir.verify(ckpt)
+    assert RunDir.load_state(ckpt)["step"] == 2
+    from dllm_ais.models.checkpoint import load_llada
+
+    load_llada(ckpt / "model")
+
+
+def test_reward_function_that_raises_is_reported_and_training_continues(tmp_path, monkeypatch, capsys):
+    fn = _reward_module(tmp_path, monkeypatch, (
+        "calls = []\n"
+        "def reward(prompts, completions, **cols):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 2:\n"
+        "        raise ZeroDivisionError('boom')\n"
+        "    return [float(len(c)) for c in completions]\n"))
+    run_training(small_preset(steps=3, reward_fn=fn), tmp_path / "run", progress=False)
+    rows = M.read_metrics(tmp_path / "run")
+    assert [r[M.REWARD_ERRORS] for r in rows] == [0.0, 1.0, 0.0]
+    assert rows[2][M.SKIPPED_STEPS] == 1 and math.isfinite(rows[2][M.REWARD_MEAN])
+    assert "step 1: skipped — reward function reward raised ZeroDivisionError: boom" in capsys.readouterr().err
+
+
+def test_non_finite_loss_skips_the_update_and_continues(tmp_path, monkeypatch):
+    real = trainer_module.grpo_loss
+    calls = []
+
+    def flaky(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(1)
+        return replace(out, loss=out.loss * float("nan")) if len(calls) == 1 else out
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", flaky)
+    preset = small_preset(steps=2)
+    preset = replace(preset, grpo=replace(preset.grpo, num_iterations=1))  # one update per step: step 0's is lost
+    run_training(preset, tmp_path / "run", progress=False)
+    rows = M.read_metrics(tmp_path / "run")
+    assert [r[M.SKIPPED_STEPS] for r in rows] == [1, 1]
+    assert math.isnan(rows[0][M.LOSS_POLICY]) and math.isfinite(rows[1][M.LOSS_POLICY])
+
+
+def test_corrupted_or_partial_checkpoint_is_detected(tmp_path):
+    run = tmp_path / "run"
+    run_training(small_preset(steps=1), run, progress=False)
+    ckpt = RunDir(run).latest()
+    state = ckpt / "trainer_state.pt"
+    data = bytearray(state.read_bytes())
+    data[-10] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupt, match="trainer_state.pt does not match"):
+        run_training(small_preset(), run, resume=True, progress=False, steps=2)
+    (ckpt / "manifest.json").unlink()
+    with pytest.raises(CheckpointCorrupt, match="not completely written"):
+        run_training(small_preset(), run, resume=True, progress=False, steps=2)
+
+
+def test_bad_input_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        run_training(small_preset(task="nope", task_config={}), tmp_path / "a", progress=False)
+    assert not (tmp_path / "a").exists(), "nothing written for a run that cannot start"
+    run_training(small_preset(steps=1), tmp_path / "b", progress=False)
+    before = (tmp_path / "b" / "metrics.jsonl").read_text()
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        run_training(small_preset(steps=1), tmp_path / "b", progress=False)
+    assert (tmp_path / "b" / "metrics.jsonl").read_text() == before
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text('{"a": 1, "b": 2}\n{"a": 3}\n')
+    with pytest.raises(ValueError, match=r"row 1 has no field 'b'"):
+        run_training(small_preset(data_path=str(bad), task_config={}), tmp_path / "c", progress=False)
+    with pytest.raises(FileNotFoundError, match="holds no run"):
+        run_training(small_preset(), tmp_path / "d", resume=True, progress=False)
