@@ -1,0 +1,346 @@
+"""Greedy evaluation of a LLaDA model on a task's split, with d1's settings, and the `dllm-ais eval` command.
+
+d1 (diffu-GRPO) evaluates at temperature 0 with low-confidence remasking, blocks of 32 tokens and gen_length / 2
+denoising steps, for gen_length 128, 256 and 512. Every row of the split is sampled (batched, left-padded prompts,
+the chat template iff the task asks for it and the tokenizer has one) and scored with the task's own reward;
+accuracy = mean reward. `load_for_eval` finds the model to evaluate: a checkpoint directory, a run's latest
+checkpoint (full model or base + LoRA adapter), or a preset's model.
+
+Outputs (per gen length, when an output directory is given): `generations.jsonl` (one row per input row: prompt,
+completion, reward, gold columns) and `scores.json` (the returned summary), each written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from dllm_ais.config import PRESETS, Preset, SamplerConfig, get_preset, override
+
+D1_BLOCK_LENGTH = 32
+"""d1's semi-autoregressive block length at evaluation."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sampler settings
+
+
+def d1_sampler(gen_length: int) -> SamplerConfig:
+    """d1's evaluation sampler: greedy, low-confidence remasking, blocks of 32, steps = gen_length / 2."""
+    block = min(D1_BLOCK_LENGTH, gen_length)
+    if gen_length % block:
+        raise ValueError(f"gen_length={gen_length}: d1 evaluation uses blocks of {D1_BLOCK_LENGTH} tokens; choose a "
+                         f"multiple of {D1_BLOCK_LENGTH} (d1 reports 128, 256, 512).")
+    return SamplerConfig(gen_length=gen_length, block_length=block, steps=max(1, gen_length // 2), temperature=0.0,
+                         remasking="low_confidence")
+
+
+def eval_sampler(preset: Preset, gen_length: int | None = None) -> SamplerConfig:
+    """Sampler for evaluating `preset`'s model at `gen_length` (None: the preset's length).
+
+    Real checkpoints (preset.model.path set) get `d1_sampler`. The tiny built-in model keeps its preset's settings
+    at temperature 0; another length gets one block and the preset's steps-per-token ratio.
+    """
+    base = preset.sampler
+    if preset.model.path is not None:
+        return d1_sampler(gen_length or base.gen_length)
+    if gen_length is None or gen_length == base.gen_length:
+        return replace(base, temperature=0.0)
+    steps = max(1, gen_length * base.steps // base.gen_length)
+    return replace(base, gen_length=gen_length, block_length=gen_length, steps=steps, temperature=0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` via a temporary file in the same directory and os.replace."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _load_rows(task, split: str, data_path: str | None, limit: int | None, seed: int, task_config: dict | None):
+    kwargs = {}
+    if task_config:
+        from dllm_ais.train_job import task_config_kwargs
+
+        kwargs = task_config_kwargs(task.load, task_config)
+    rows = task.load(split, data_path=data_path, limit=limit, seed=seed, **kwargs)
+    if not rows:
+        raise ValueError(f"task {task.name!r} split {split!r} has no rows (data_path={data_path!r}, limit={limit}).")
+    return rows
+
+
+def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split: str = "test",
+             data_path: str | None = None, limit: int | None = None, batch_size: int = 16, seed: int = 0,
+             out_dir: str | os.PathLike | None = None, progress: bool = False, task_config: dict | None = None,
+             meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Greedy completions for every row of `task_name`'s `split`, scored with the task's reward.
+
+    model: LLaDAModelLM (or anything diffusion_sample accepts, with `.config.mask_token_id`); its device is used.
+    sampler: length/blocks/steps/remasking; the temperature is forced to 0 (d1's setting). seed: the procedural
+    test set's seed and the sampler's generator (only used by random remasking). task_config: generator options
+    of a procedural task (e.g. {"max_operand": 9}). meta: extra entries for the summary (e.g. the model's source).
+    Returns {"task", "split", "n", "accuracy" (mean reward), "full_reward_frac", "gen_length", "block_length",
+    "steps", "mean_completion_tokens", "seconds", ...}; with `out_dir`, also writes generations.jsonl and scores.json.
+    """
+    import torch
+
+    from dllm_ais.models.load import encode_prompts, stop_token_ids
+    from dllm_ais.samplers.diffusion import diffusion_sample
+    from dllm_ais.tasks.registry import get_task
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1.")
+    try:
+        task = get_task(task_name)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+    sampler = replace(sampler, temperature=0.0)
+    rows = _load_rows(task, split, data_path, limit, seed, task_config)
+    device = next(model.parameters()).device
+    stops = stop_token_ids(model)
+    was_training = model.training
+    model.eval()
+    completions: list[str] = []
+    lengths: list[int] = []
+    t0 = time.perf_counter()
+    batches = range(0, len(rows), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc=f"eval {task_name} L={sampler.gen_length}", unit="batch")
+    try:
+        for start in batches:
+            batch = rows[start:start + batch_size]
+            ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in batch], chat=task.use_chat_template,
+                                       device=device)  # [b, P] left-padded
+            generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + start)
+            rollout = diffusion_sample(model, ids, mask, sampler, model.config.mask_token_id, stops,
+                                       generator=generator)
+            for comp, keep in zip(rollout.completion_ids, rollout.completion_mask, strict=True):  # [L], [L]
+                completions.append(tokenizer.decode(comp[keep], skip_special_tokens=True))
+                lengths.append(int(keep.sum()))
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - t0
+
+    prompts = [r["prompt"] for r in rows]
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    rewards = [float(v) for v in task.reward(prompts, completions, **columns)]
+    if len(rewards) != len(rows):
+        raise RuntimeError(f"task {task_name!r} reward returned {len(rewards)} values for {len(rows)} completions.")
+    n = len(rows)
+    chat = bool(task.use_chat_template and getattr(tokenizer, "chat_template", None))
+    scores = {
+        "task": task_name, "split": split, "n": n, "accuracy": sum(rewards) / n,
+        "full_reward_frac": sum(r >= 1.0 for r in rewards) / n, "gen_length": sampler.gen_length,
+        "block_length": sampler.block_length, "steps": sampler.steps, "temperature": sampler.temperature,
+        "remasking": sampler.remasking, "chat_template": chat,
+        "mean_completion_tokens": sum(lengths) / n, "batch_size": batch_size, "seed": seed, "data_path": data_path,
+        "limit": limit, "seconds": seconds, **(meta or {}),
+    }
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"index": i, "prompt": p, "completion": c, "reward": r, "completion_tokens": t,
+                             **{k: v[i] for k, v in columns.items()}}, default=str)
+                 for i, (p, c, r, t) in enumerate(zip(prompts, completions, rewards, lengths, strict=True))]
+        _atomic_write_text(out / "generations.jsonl", "\n".join(lines) + "\n")
+        _atomic_write_text(out / "scores.json", json.dumps(scores, indent=2, default=str) + "\n")
+    return scores
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Which model to evaluate
+
+
+class EvalModel(NamedTuple):
+    """What `load_for_eval` found: the model (eval mode), its tokenizer, the preset it belongs to, a description."""
+
+    model: Any
+    tokenizer: Any
+    preset: Preset
+    source: str
+
+
+def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
+    """The tokenizer saved beside the weights; else the preset's model's (the tiny tokenizer when it has no path)."""
+    from dllm_ais.models.load import resolve_checkpoint_dir
+    from dllm_ais.models.tiny import tiny_tokenizer
+
+    if model_dir is not None and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    elif preset.model.path is None:
+        tokenizer = tiny_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir(preset.model.path)))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = model.config.pad_token_id
+    return tokenizer
+
+
+def _load_dir(model_dir: Path, preset: Preset):
+    import torch
+
+    from dllm_ais.models.checkpoint import load_llada
+
+    model = load_llada(model_dir, dtype=getattr(torch, preset.model.dtype), device=preset.model.device)
+    return model, _tokenizer_for(model_dir, preset, model)
+
+
+def _load_run(run_path: Path, device: str | None, dtype: str | None) -> EvalModel:
+    """The latest checkpoint of a training run: model/ directly, or the run's base model + adapter/ merged."""
+    from dllm_ais.models.load import load_model_and_tokenizer
+    from dllm_ais.run_dir import MANIFEST, RunDir
+    from dllm_ais.train_job import SFT_DIR
+
+    run = RunDir(run_path)
+    if not run.config_file.is_file():
+        raise FileNotFoundError(f"--run {run_path}: no config.json, so not a dllm-ais run directory.")
+    preset = Preset.from_dict(json.loads(run.config_file.read_text()))
+    preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
+    ckpt = run.latest()
+    if ckpt is None:
+        hint = f" or evaluate its SFT model with --model {run_path / SFT_DIR}" if (run_path / SFT_DIR).is_dir() else ""
+        raise FileNotFoundError(f"--run {run_path}: the run has no checkpoint yet (no checkpoints/latest); wait for "
+                                f"its first save (train.save_every){hint}.")
+    if (ckpt / MANIFEST).is_file():
+        RunDir.verify(ckpt)
+    if (ckpt / "model").is_dir():
+        model, tokenizer = _load_dir(ckpt / "model", preset)
+    elif (ckpt / "adapter").is_dir():
+        from peft import PeftModel
+
+        sft = run_path / SFT_DIR
+        if preset.train.sft_steps > 0:  # the trainer put LoRA on the SFT-warmed model
+            if not sft.is_dir():
+                raise FileNotFoundError(f"--run {run_path}: LoRA run with SFT warm-up, but its base {sft} is missing.")
+            model, tokenizer = _load_dir(sft, preset)
+        else:
+            model, tokenizer = load_model_and_tokenizer(preset.model)
+        model = PeftModel.from_pretrained(model, str(ckpt / "adapter")).merge_and_unload().eval()
+    else:
+        raise FileNotFoundError(f"--run {run_path}: checkpoint {ckpt.name} has neither model/ nor adapter/.")
+    return EvalModel(model, tokenizer, preset, str(ckpt))
+
+
+def load_for_eval(model_dir: str | os.PathLike | None = None, run_dir: str | os.PathLike | None = None,
+                  preset: str | Preset | None = None, *, device: str | None = None,
+                  dtype: str | None = None) -> EvalModel:
+    """Resolve the model to evaluate.
+
+    model_dir: an official-layout LLaDA directory (a checkpoint's model/, a run's sft/, a downloaded checkpoint;
+    a hub id is fetched); its tokenizer is read from it, else the preset's. run_dir: a training run (its config.json
+    gives the preset; its latest checkpoint's model/, or base model + adapter/ merged for LoRA runs). Neither: the
+    preset's model (the tiny built-in one by default). device/dtype override the preset's.
+    """
+    if model_dir is not None and run_dir is not None:
+        raise ValueError("pass either --model DIR or --run RUN_DIR, not both.")
+    if run_dir is not None:
+        if preset is not None:
+            raise ValueError("--preset cannot be combined with --run: the run's config.json names its preset.")
+        return _load_run(Path(run_dir), device, dtype)
+    preset = get_preset(preset or "tiny-cpu") if not isinstance(preset, Preset) else preset
+    preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
+    if model_dir is None:
+        from dllm_ais.models.load import load_model_and_tokenizer
+
+        model, tokenizer = load_model_and_tokenizer(preset.model)
+        return EvalModel(model, tokenizer, preset, preset.model.path or f"tiny (seed {preset.model.seed})")
+    from dllm_ais.models.load import resolve_checkpoint_dir
+
+    directory = resolve_checkpoint_dir(str(model_dir))
+    model, tokenizer = _load_dir(directory, preset)
+    return EvalModel(model, tokenizer, preset, str(directory))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_gen_lengths(values: list[str] | None) -> list[int]:
+    """["128,256", "512"] -> [128, 256, 512] (order kept, duplicates dropped); None -> []."""
+    out: list[int] = []
+    for value in values or []:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit() or int(part) < 1:
+                raise ValueError(f"--gen-length {value!r}: expected positive integers, e.g. 128,256,512.")
+            if int(part) not in out:
+                out.append(int(part))
+    return out
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `dllm-ais eval`."""
+    parser.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default tiny-cpu; not "
+                        "with --run)")
+    parser.add_argument("--model", default=None, help="LLaDA checkpoint directory (official layout), e.g. "
+                        "<run>/checkpoints/step-N/model or <run>/sft")
+    parser.add_argument("--run", default=None, help="training run directory: evaluate its latest checkpoint")
+    parser.add_argument("--task", default=None, help="task name (default: the preset's/run's training task)")
+    parser.add_argument("--split", default="test", help="split to evaluate (default test)")
+    parser.add_argument("--data-path", default=None, help="local jsonl/parquet file for the split (offline)")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
+    parser.add_argument("--gen-length", action="append", default=None, metavar="L[,L...]",
+                        help="completion length(s), repeatable or comma list; d1: 128,256,512 (block 32, steps L/2). "
+                             "Default: the preset's length")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per sampler batch (default 16)")
+    parser.add_argument("--out", default=None, help="output directory: one <task>-<split>-gen<L>/ per length with "
+                        "generations.jsonl and scores.json")
+    parser.add_argument("--seed", type=int, default=0, help="seed of procedural test sets and sampler noise")
+    parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the preset's)")
+    parser.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16 (default: preset's)")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a tty")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Run `dllm-ais eval`: evaluate at each gen length, print a table, write results under --out."""
+    from dllm_ais.run_dir import CheckpointCorrupt
+
+    try:
+        loaded = load_for_eval(args.model, args.run, args.preset, device=args.device, dtype=args.dtype)
+    except CheckpointCorrupt as e:
+        raise ValueError(str(e)) from e
+    preset = loaded.preset
+    task = args.task or preset.train.task
+    task_config = preset.train.task_config if task == preset.train.task else None
+    samplers = [eval_sampler(preset, L) for L in (parse_gen_lengths(args.gen_length) or [None])]
+    results = []
+    for sampler in samplers:
+        out = Path(args.out) / f"{task}-{args.split}-gen{sampler.gen_length}" if args.out else None
+        results.append(evaluate(loaded.model, loaded.tokenizer, task, sampler, split=args.split,
+                                data_path=args.data_path, limit=args.limit, batch_size=args.batch_size,
+                                seed=args.seed, out_dir=out, progress=args.progress or sys.stderr.isatty(),
+                                task_config=task_config, meta={"model": loaded.source, "preset": preset.name}))
+    print(f"model: {loaded.source}")
+    print(f"{'task':<12} {'split':<6} {'gen_length':>10} {'n':>6} {'accuracy':>9}")
+    for r in results:
+        print(f"{r['task']:<12} {r['split']:<6} {r['gen_length']:>10} {r['n']:>6} {r['accuracy']:>9.4f}")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
