@@ -6,6 +6,7 @@ The trainer never branches on diffusion vs autoregressive: it calls a `Backend`.
   any estimator noise so θ and π_old (and the reference) see the same masks.
 - `mismatch_log_w(model_old, model_rollout, rollout, generator)` -> ℓ = log π_old − log μ, [B] (sequence level) or
   [B, L] (token level, where the backend has exact per-token log-probs).
+- `sft_loss(model, prompt_ids, prompt_mask, completion_ids, generator)` -> [] supervised warm-up loss.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class Backend(Protocol):
 
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator: torch.Generator,
                        level: str) -> torch.Tensor: ...
+
+    def sft_loss(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                 generator: torch.Generator) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -73,3 +77,59 @@ class DiffusionBackend:
                                 rollout.completion_ids, rollout.completion_mask, num_draws=self.mismatch_num_draws,
                                 generator=generator, mask_token_id=self.mask_token_id)
         return est.log_ratio.float()
+
+    def sft_loss(self, model, prompt_ids, prompt_mask, completion_ids, generator) -> torch.Tensor:
+        from dllm_ais.sft import sft_loss
+
+        return sft_loss(model, prompt_ids, prompt_mask, completion_ids, self.mask_token_id, generator)
+
+
+@dataclass(frozen=True)
+class AutoregressiveBackend:
+    """Causal LMs (Qwen): KV-cache sampler recording μ's exact log-probs; exact teacher-forced log-probs."""
+
+    sampler: SamplerConfig
+    """gen_length = max new tokens, temperature; block_length/steps/remasking are unused."""
+    stop_token_ids: Sequence[int]
+    """Tokens that end a completion."""
+    pad_token_id: int | None = None
+    """Token fed to finished rows (default: the first stop token)."""
+    is_causal: bool = True
+
+    def _ar_config(self):
+        from dllm_ais.samplers.autoregressive import ARSamplerConfig
+
+        return ARSamplerConfig(max_new_tokens=self.sampler.gen_length, temperature=self.sampler.temperature)
+
+    @property
+    def _temperature(self) -> float:
+        """Log-probs are those of the tempered policy the rollouts sample from (T = 0 scores at T = 1)."""
+        return self.sampler.temperature or 1.0
+
+    def sample(self, model, prompt_ids, prompt_mask, generator, progress=False) -> Rollout:
+        from dllm_ais.samplers.autoregressive import ar_sample
+
+        return ar_sample(model, prompt_ids, prompt_mask, self._ar_config(), self.stop_token_ids, generator=generator,
+                         progress=progress, pad_token_id=self.pad_token_id)
+
+    def token_logp(self, model, rollout: Rollout, seed: int) -> torch.Tensor:
+        from dllm_ais.likelihood.autoregressive import completion_logprobs
+
+        return completion_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                   temperature=self._temperature)
+
+    def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
+        mask = rollout.completion_mask
+        if model_old is model_rollout:  # BF16 rollouts: μ = π_old exactly
+            zeros = torch.zeros(mask.shape, device=mask.device)
+            return zeros if level == "token" else zeros.sum(-1)
+        if rollout.logp_rollout is None:
+            raise ValueError("the rollout carries no logp_rollout; sample with AutoregressiveBackend.sample.")
+        per_token = self.token_logp(model_old, rollout, 0) - rollout.logp_rollout  # [B, L]
+        per_token = torch.where(mask, per_token, 0.0)
+        return per_token if level == "token" else per_token.sum(-1)
+
+    def sft_loss(self, model, prompt_ids, prompt_mask, completion_ids, generator) -> torch.Tensor:
+        from dllm_ais.likelihood.autoregressive import completion_logprobs
+
+        return -completion_logprobs(model, prompt_ids, prompt_mask, completion_ids).mean()

@@ -16,7 +16,7 @@ TINY_PROMPTS = ["12+7=", "3+45=", "Hello, "]
 
 def _quiet_third_party_logs() -> None:
     """transformers imports torchao, whose optional CUDA extensions log load failures on CPU-only machines."""
-    for name in ("torchao", "torch.utils._pytree"):
+    for name in ("torchao", "torch.utils._pytree", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -131,12 +131,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the tokenizer's chat template")
     p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
     p.set_defaults(func=cmd_sample)
+    from dllm_ais.evaluate import add_eval_arguments, cmd_eval
+    from dllm_ais.plot import add_plot_arguments, cmd_plot
+
+    p = sub.add_parser("eval", help="accuracy of a model, run or checkpoint on a task (d1 evaluation settings)")
+    add_eval_arguments(p)
+    p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("plot", help="PNG curves (reward, lambda, ESS, divergence, mismatch KL) of one or more runs")
+    add_plot_arguments(p)
+    p.set_defaults(func=cmd_plot)
+    p = sub.add_parser("variance", help="std of the FP8/BF16 log-ratio vs forward passes, per ELBO estimator",
+                       add_help=False)
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of scripts/variance.py (see --help)")
+    p.set_defaults(func=cmd_variance)
     return parser
+
+
+def cmd_variance(args: argparse.Namespace) -> int:
+    from dllm_ais.variance_cli import main as variance_main
+
+    return variance_main(args.args) or 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_third_party_logs()
+    if args.command == "variance":
+        return args.func(args)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, KeyError, RuntimeError) as e:

@@ -11,14 +11,19 @@ from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+FAMILIES = ("llada", "qwen")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model to load and how."""
 
+    family: str = "llada"
+    """Model family: `llada` (masked diffusion, our LLaDAModelLM) or `qwen` (autoregressive Qwen2/Qwen3 through
+    transformers). Chooses the sampler, likelihoods and checkpoint format."""
     path: str | None = None
-    """Local LLaDA checkpoint directory (official layout). None = the tiny built-in model."""
+    """Local checkpoint directory (LLaDA: official layout; Qwen: save_pretrained layout) or hub id.
+    None = the family's tiny built-in model."""
     dtype: str = "float32"
     """Parameter dtype of the BF16 trainer copy: one of float32, bfloat16, float16, float64."""
     device: str = "cpu"
@@ -27,6 +32,8 @@ class ModelConfig:
     """Seed for the tiny model's random initialisation (ignored when `path` is set)."""
 
     def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"ModelConfig.family={self.family!r}: use one of {', '.join(FAMILIES)}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"ModelConfig.dtype={self.dtype!r}: use one of {', '.join(DTYPES)}.")
 
@@ -200,6 +207,20 @@ def _d1(name: str, task: str, description: str) -> Preset:
     )
 
 
+def _qwen(name: str, task: str, description: str) -> Preset:
+    """Qwen3-8B with FP8 rollouts: exact token-level mismatch weights, LoRA r=64, G=8, 512 new tokens."""
+    return Preset(
+        name, description,
+        ModelConfig(family="qwen", path="Qwen/Qwen3-8B", dtype="bfloat16", device="cuda"),
+        SamplerConfig(gen_length=512, block_length=512, steps=1, temperature=1.0),
+        TrainConfig(task=task, steps=1000, prompts_per_step=2, learning_rate=1e-6, gradient_accumulation_steps=4,
+                    fp8_backend="triton", lora_r=64, lora_alpha=128.0, save_every=100),
+        GRPOConfig(num_generations=8, epsilon=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo",
+                   max_completion_length=512, num_iterations=1),
+        CorrectionConfig(correction_level="token"),
+    )
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -212,10 +233,18 @@ PRESETS: dict[str, Preset] = {
         Preset("llada-8b-instruct", "LLaDA-8B-Instruct from a local directory (--model DIR), bf16 on GPU.",
                ModelConfig(path="GSAI-ML/LLaDA-8B-Instruct", dtype="bfloat16", device="cuda"),
                SamplerConfig(gen_length=256, block_length=32, steps=128)),
-        _d1("llada-8b-gsm8k", "gsm8k", "LLaDA-8B-Instruct AIS-GRPO on GSM8K with d1's settings (8 GPUs via accelerate)."),
-        _d1("llada-8b-math", "math500", "LLaDA-8B-Instruct AIS-GRPO on MATH (MATH-500 loader) with d1's settings."),
-        _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural) with d1's settings."),
-        _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural) with d1's settings."),
+        _d1("llada-8b-gsm8k", "gsm8k", "LLaDA-8B-Instruct AIS-GRPO on GSM8K, d1's settings (8 GPUs, accelerate)."),
+        _d1("llada-8b-math", "math500", "LLaDA-8B-Instruct AIS-GRPO on MATH, d1's settings (--data MATH train file)."),
+        _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural), d1's settings."),
+        _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
+        Preset("tiny-qwen", "Tiny autoregressive Qwen3 on CPU: SFT warm-up on arith, AIS-GRPO with FP8 rollouts.",
+               ModelConfig(family="qwen"), SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0),
+               TrainConfig(task="arith", task_config={"max_operand": 9}, steps=100, prompts_per_step=8,
+                           learning_rate=3e-4, sft_steps=300),
+               GRPOConfig(num_generations=8, max_completion_length=4, num_iterations=2),
+               CorrectionConfig(correction_level="token")),
+        _qwen("qwen3-8b-gsm8k", "gsm8k", "Qwen3-8B AIS-GRPO on GSM8K with FP8 rollouts (token-level AIS)."),
+        _qwen("qwen3-8b-math", "math500", "Qwen3-8B AIS-GRPO on MATH with FP8 rollouts (--data MATH train file)."),
     )
 }
 

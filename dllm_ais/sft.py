@@ -41,8 +41,11 @@ def pad_completions(tokenizer, completions: list[str], length: int, eos_token_id
 
 
 def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
-            gen_length: int, mask_token_id: int, eos_token_id: int, seed: int, progress: bool = False):
-    """Masked-diffusion SFT on (prompt, completion) pairs: `steps` AdamW updates of `batch_size` pairs each."""
+            gen_length: int, loss_fn, eos_token_id: int, seed: int, progress: bool = False):
+    """SFT on (prompt, completion) pairs: `steps` AdamW updates of `batch_size` pairs each.
+
+    loss_fn(model, prompt_ids, prompt_mask, completion_ids, generator) -> [] (a backend's `sft_loss`).
+    """
     from dllm_ais.models.load import encode_prompts
 
     device = next(model.parameters()).device
@@ -61,7 +64,7 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_si
         prompts, completions = zip(*(pairs[i] for i in idx), strict=True)
         ids, mask = encode_prompts(tokenizer, list(prompts), chat=False, device=device)
         target = pad_completions(tokenizer, list(completions), gen_length, eos_token_id).to(device)
-        loss = sft_loss(model, ids, mask, target, mask_token_id, noise)
+        loss = loss_fn(model, ids, mask, target, noise)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

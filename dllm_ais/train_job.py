@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -50,58 +51,106 @@ def _sft_pairs(task_name: str, n: int, seed: int, options: dict):
     return module.sft_pairs(n, seed=seed, **task_config_kwargs(module.sft_pairs, options))
 
 
-def build_llada_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress: bool) -> Policy:
-    """LLaDA master (from the preset's model, SFT-warmed and cached in <out>/sft when asked), LoRA, backend."""
-    from dllm_ais.models.checkpoint import load_llada, save_llada
-    from dllm_ais.models.llada import lora_target_regex
-    from dllm_ais.models.load import load_model_and_tokenizer, stop_token_ids
-    from dllm_ais.sft import warm_up
+@dataclass(frozen=True)
+class Family:
+    """How one model family is loaded, saved, adapted with LoRA and driven (sibling functions, chosen by name)."""
+
+    load: Callable
+    """load(ModelConfig) -> (model, tokenizer)."""
+    save: Callable
+    """save(model, tokenizer, directory) in the family's checkpoint layout (atomic)."""
+    load_dir: Callable
+    """load_dir(directory, dtype, device) -> model."""
+    lora_targets: Callable
+    """lora_targets() -> peft target_modules."""
+    backend: Callable
+    """backend(preset, model, tokenizer) -> Backend."""
+
+
+def _load_qwen_family(cfg):
+    from dllm_ais.models.qwen import load_qwen, load_qwen_tokenizer, tiny_qwen, tiny_qwen_tokenizer
+
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.path is None:
+        return tiny_qwen(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_qwen_tokenizer()
+    from dllm_ais.models.load import resolve_checkpoint_dir
+
+    path = resolve_checkpoint_dir(cfg.path)
+    return load_qwen(path, dtype=dtype, device=cfg.device), load_qwen_tokenizer(path)
+
+
+def _llada_backend(preset, model, tokenizer):
+    from dllm_ais.models.load import stop_token_ids
 
     tc = preset.train
-    model, tokenizer = load_model_and_tokenizer(preset.model)
+    return DiffusionBackend(preset.sampler, model.config.mask_token_id, stop_token_ids(model),
+                            p_mask_prompt=tc.p_mask_prompt, mismatch_num_draws=tc.mismatch_num_draws)
+
+
+def _qwen_backend(preset, model, tokenizer):
+    from dllm_ais.backend import AutoregressiveBackend
+
+    eos = model.config.eos_token_id
+    stops = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+    return AutoregressiveBackend(preset.sampler, stops, pad_token_id=tokenizer.pad_token_id)
+
+
+def _family(name: str) -> Family:
+    from dllm_ais.models import checkpoint, llada, load, qwen
+
+    return {
+        "llada": Family(load=load.load_model_and_tokenizer,
+                        save=lambda m, tok, d: checkpoint.save_llada(m, d, tokenizer=tok),
+                        load_dir=checkpoint.load_llada, lora_targets=llada.lora_target_regex,
+                        backend=_llada_backend),
+        "qwen": Family(load=_load_qwen_family, save=qwen.save_qwen, load_dir=qwen.load_qwen,
+                       lora_targets=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"],
+                       backend=_qwen_backend),
+    }[name]
+
+
+def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress: bool) -> Policy:
+    """Master model (SFT-warmed and cached in <out>/sft when asked), optional LoRA, backend, checkpoint I/O."""
+    from dllm_ais.sft import warm_up
+
+    tc, mc = preset.train, preset.model
+    family = _family(mc.family)
+    model, tokenizer = family.load(mc)
+    backend = family.backend(preset, model, tokenizer)
     if tc.sft_steps > 0:
         cache = run.path / SFT_DIR
         if cache.is_dir():
-            model = load_llada(cache, dtype=getattr(torch, preset.model.dtype), device=preset.model.device)
+            model = family.load_dir(cache, dtype=getattr(torch, mc.dtype), device=mc.device)
         else:
             pairs = _sft_pairs(tc.task, 20_000, tc.seed, tc.task_config)
             warm_up(model, tokenizer, pairs, tc.sft_steps, tc.sft_batch_size, tc.sft_learning_rate,
-                    preset.sampler.gen_length, model.config.mask_token_id, model.config.eos_token_id, tc.seed,
-                    progress=progress)
-            save_llada(model, cache, tokenizer=tokenizer)
+                    preset.sampler.gen_length, backend.sft_loss, tokenizer.eos_token_id, tc.seed, progress=progress)
+            family.save(model, tokenizer, cache)
     if tc.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=tc.lora_r, lora_alpha=tc.lora_alpha, lora_dropout=tc.lora_dropout,
-                                                 target_modules=lora_target_regex()))
-    backend = DiffusionBackend(preset.sampler, model.config.mask_token_id, stop_token_ids(model),
-                               p_mask_prompt=tc.p_mask_prompt, mismatch_num_draws=tc.mismatch_num_draws)
-    return Policy(model=model, tokenizer=tokenizer, backend=backend, save_model=_save_llada_or_adapter(tokenizer),
-                  load_model_state=_load_llada_or_adapter, use_chat_template=use_chat_template)
+                                                 target_modules=family.lora_targets()))
 
-
-def _save_llada_or_adapter(tokenizer):
-    def save(model, directory: Path) -> None:
-        from dllm_ais.models.checkpoint import save_llada
-
-        if hasattr(model, "peft_config"):
-            model.save_pretrained(str(directory / "adapter"))
+    def save_model(m, directory: Path) -> None:
+        if hasattr(m, "peft_config"):
+            m.save_pretrained(str(directory / "adapter"))
         else:
-            save_llada(model, directory / "model", tokenizer=tokenizer)
-    return save
+            family.save(m, tokenizer, directory / "model")
 
+    def load_model_state(m, directory: Path) -> None:
+        if hasattr(m, "peft_config"):
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
 
-def _load_llada_or_adapter(model, directory: Path) -> None:
-    from dllm_ais.models.checkpoint import load_llada
+            set_peft_model_state_dict(m, load_file(str(directory / "adapter" / "adapter_model.safetensors")))
+        else:
+            m.load_state_dict(family.load_dir(directory / "model", dtype=next(m.parameters()).dtype,
+                                              device="cpu").state_dict())
 
-    if hasattr(model, "peft_config"):
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        set_peft_model_state_dict(model, load_file(str(directory / "adapter" / "adapter_model.safetensors")))
-        return
-    loaded = load_llada(directory / "model", dtype=next(model.parameters()).dtype, device="cpu")
-    model.load_state_dict(loaded.state_dict())
+    return Policy(model=model, tokenizer=tokenizer, backend=backend, save_model=save_model,
+                  load_model_state=load_model_state, use_chat_template=use_chat_template)
 
 
 def run_training(preset: Preset, out: str | Path, resume: bool = False, progress: bool = True,
@@ -119,7 +168,7 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         preset = replace(preset, train=replace(preset.train, steps=steps))
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
     preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
-    policy = build_llada_policy(preset, run, task.use_chat_template, progress)
+    policy = build_policy(preset, run, task.use_chat_template, progress)
     trainer = Trainer(preset, policy, run, reward, rows, progress=progress)
     if resume:
         trainer.resume()
