@@ -49,6 +49,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale)
     model, tokenizer = load_model_and_tokenizer(model_cfg)
+    if args.fp8:
+        from dllm_ais.fp8.linear import quantize_model
+
+        model = quantize_model(model, backend=args.backend)
     prompts = args.prompt or (TINY_PROMPTS if model_cfg.path is None else ["What is 12 * 7? Think step by step."])
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
@@ -129,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler_args(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few built-in prompts")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the tokenizer's chat template")
+    p.add_argument("--fp8", action="store_true", help="sample with the FP8 rollout copy (blockwise e4m3 linears)")
+    p.add_argument("--backend", default="torch", help="FP8 GEMM backend: torch (reference, CPU), triton, scaled_mm, "
+                   "torchao")
     p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
     p.set_defaults(func=cmd_sample)
     from dllm_ais.evaluate import add_eval_arguments, cmd_eval
