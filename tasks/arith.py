@@ -59,7 +59,10 @@ def load(
 ) -> list[dict]:
     """Distinct generated problems (``limit`` defaults to ``DEFAULT_SIZE[split]``) or rows from a local file."""
     if data_path is None:
-        n = check_limit(limit, min(DEFAULT_SIZE.get(split, 0), split_size(split, config)))
+        default = DEFAULT_SIZE.get(split, 0)
+        if (config.max_operand + 1) ** 2 < 10 * default:  # a small problem space may hold fewer distinct problems
+            default = min(default, split_size(split, config))
+        n = check_limit(limit, default)
         rows = generate_rows(NAME, lambda rng: random_problem(rng, config), build_prompt, n, split, seed)
     else:
         rows = []
