@@ -65,3 +65,11 @@ def test_config_and_too_many_rows():
         arith.ArithConfig(max_operand=0)
     with pytest.raises(ValueError, match="found only"):
         arith.load("test", limit=50, config=arith.ArithConfig(max_operand=9))  # 100 problems, ~10 in test
+
+
+def test_default_size_is_capped_by_a_small_problem_space():
+    config = arith.ArithConfig(max_operand=9)
+    train, test = arith.load("train", config=config), arith.load("test", config=config)
+    assert len(train) == arith.split_size("train", config) and len(test) == arith.split_size("test", config)
+    assert len(train) + len(test) == 100
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
