@@ -2,9 +2,14 @@
 
 canvas = [left-padded prompt | MASK × gen_length]. The completion is split into blocks filled left to right
 (semi-autoregressive); each block gets steps / num_blocks denoising steps. At every step the model sees the whole
-canvas; each masked position proposes a token (Gumbel-max in float64 at temperature T, argmax at T = 0), and the k most
-confident proposals of the current block are committed, where k follows an even split of the block's masked count over
-its steps (the remainder goes to the first steps).
+canvas; each masked position of the current block proposes a token (Gumbel-max in float64 at temperature T, argmax at
+T = 0), and the k most confident proposals are committed, where k follows an even split of the block's masked count
+over its steps (the remainder goes to the first steps).
+
+Two departures from LLaDA's reference `generate`, neither changing what a trained model samples: logits are computed
+only for the current block (the others cannot be committed; this cuts the LM head's cost and the float64 buffers by
+the number of blocks), and the mask token is never proposed (the reference can commit a mask id, which then stays in
+the completion).
 """
 
 from __future__ import annotations
@@ -53,9 +58,9 @@ def completion_mask_from_stops(completion: torch.Tensor, stop_token_ids: Sequenc
     return stops_before == 0
 
 
-def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, P: int) -> torch.Tensor:
-    """Completion-region logits [B, L, V] in float32 (positions P: only)."""
-    return model(input_ids=x, attention_mask=attention_mask, positions=slice(P, None)).logits.float()
+def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Logits [B, hi - lo, V] (float32) of canvas positions lo:hi."""
+    return model(input_ids=x, attention_mask=attention_mask, positions=slice(lo, hi)).logits.float()
 
 
 @torch.no_grad()
@@ -90,26 +95,26 @@ def diffusion_sample(
         lo, hi = b * config.block_length, (b + 1) * config.block_length  # completion coordinates
         schedule = transfer_schedule((x[:, P + lo:P + hi] == mask_token_id).sum(-1), steps_per_block)  # [B, S]
         for i in range(steps_per_block):
-            masked = x[:, P:] == mask_token_id  # [B, L]
-            logits = _logits(model, x, attn, P)  # [B, L, V]
+            # Only the current block can be committed, so only its logits are computed (LM head cost / num_blocks).
+            masked = x[:, P + lo:P + hi] == mask_token_id  # [B, Lb]
+            logits = _logits(model, x, attn, P + lo, P + hi)  # [B, Lb, V]
             if config.cfg_scale > 0:
                 uncond = x.clone()
                 uncond[:, :P][prompt_mask] = mask_token_id
-                un_logits = _logits(model, uncond, attn, P)
+                un_logits = _logits(model, uncond, attn, P + lo, P + hi)
                 logits = un_logits + (config.cfg_scale + 1) * (logits - un_logits)
-            proposal = propose_tokens(logits, config.temperature, generator)  # [B, L]
+            logits[..., mask_token_id] = -torch.inf  # never propose the mask token
+            proposal = propose_tokens(logits, config.temperature, generator)  # [B, Lb]
             if config.remasking == "low_confidence":
                 probs = torch.softmax(logits.to(torch.float64), dim=-1)
-                confidence = probs.gather(-1, proposal[..., None]).squeeze(-1)  # [B, L]
+                confidence = probs.gather(-1, proposal[..., None]).squeeze(-1)  # [B, Lb]
             else:
-                confidence = torch.rand((B, L), generator=generator, device=device, dtype=torch.float64)
-            eligible = masked.clone()
-            eligible[:, :lo] = False
-            eligible[:, hi:] = False
-            confidence = torch.where(eligible, confidence, -torch.inf)
-            commit = commit_mask(confidence, schedule[:, i]) & eligible  # [B, L]
-            x[:, P:] = torch.where(commit, proposal.to(x.dtype), x[:, P:])
-            commit_step[commit] = step
+                confidence = torch.rand(masked.shape, generator=generator, device=device, dtype=torch.float64)
+            confidence = torch.where(masked, confidence, -torch.inf)
+            commit = commit_mask(confidence, schedule[:, i]) & masked  # [B, Lb]
+            block = x[:, P + lo:P + hi]
+            x[:, P + lo:P + hi] = torch.where(commit, proposal.to(x.dtype), block)
+            commit_step[:, lo:hi][commit] = step
             step += 1
             bar.update(1)
     bar.close()

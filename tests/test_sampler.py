@@ -43,6 +43,7 @@ def reference_generate(model, prompt_ids, gen_length, block_length, steps, cfg_s
                 un[0, :P] = MASK
                 un_logits = model(un).logits[0].double()
                 logits = un_logits + (cfg_scale + 1) * (logits - un_logits)
+            logits[:, MASK] = -torch.inf  # the sampler never proposes the mask token
             x0 = logits.argmax(-1)
             p = torch.softmax(logits, -1).gather(-1, x0[:, None]).squeeze(-1)
             conf = torch.where(x[0] == MASK, p, -torch.inf)
@@ -111,6 +112,12 @@ def test_seeded_sampling_is_reproducible_and_leaves_global_rng(model):
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_mask_token_is_never_committed(model):
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, temperature=5.0)  # near-uniform proposals
+    for seed in range(4):
+        assert not (_sample(model, PROMPTS, cfg, seed=seed).completion_ids == MASK).any()
 
 
 def test_completion_mask_up_to_first_stop():
