@@ -90,10 +90,10 @@ def _load_rows(task, split: str, data_path: str | None, limit: int | None, seed:
 def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split: str = "test",
              data_path: str | None = None, limit: int | None = None, batch_size: int = 16, seed: int = 0,
              out_dir: str | os.PathLike | None = None, progress: bool = False, task_config: dict | None = None,
-             meta: dict[str, Any] | None = None) -> dict[str, Any]:
+             meta: dict[str, Any] | None = None, family: str = "llada") -> dict[str, Any]:
     """Greedy completions for every row of `task_name`'s `split`, scored with the task's reward.
 
-    model: LLaDAModelLM (or anything diffusion_sample accepts, with `.config.mask_token_id`); its device is used.
+    model: LLaDAModelLM (or its FP8 copy), or a causal LM with family="qwen"; its device is used.
     sampler: length/blocks/steps/remasking; the temperature is forced to 0 (d1's setting). seed: the procedural
     test set's seed and the sampler's generator (only used by random remasking). task_config: generator options
     of a procedural task (e.g. {"max_operand": 9}). meta: extra entries for the summary (e.g. the model's source).
@@ -102,9 +102,9 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
     """
     import torch
 
-    from dllm_ais.models.load import encode_prompts, stop_token_ids
-    from dllm_ais.samplers.diffusion import diffusion_sample
+    from dllm_ais.models.load import encode_prompts
     from dllm_ais.tasks.registry import get_task
+    from dllm_ais.train_job import family as model_family
 
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1.")
@@ -115,7 +115,7 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
     sampler = replace(sampler, temperature=0.0)
     rows = _load_rows(task, split, data_path, limit, seed, task_config)
     device = next(model.parameters()).device
-    stops = stop_token_ids(model)
+    backend = model_family(family).backend(sampler, model, tokenizer)
     was_training = model.training
     model.eval()
     completions: list[str] = []
@@ -132,8 +132,7 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
             ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in batch], chat=task.use_chat_template,
                                        device=device)  # [b, P] left-padded
             generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + start)
-            rollout = diffusion_sample(model, ids, mask, sampler, model.config.mask_token_id, stops,
-                                       generator=generator)
+            rollout = backend.sample(model, ids, mask, generator)
             for comp, keep in zip(rollout.completion_ids, rollout.completion_mask, strict=True):  # [L], [L]
                 completions.append(tokenizer.decode(comp[keep], skip_special_tokens=True))
                 lengths.append(int(keep.sum()))
@@ -204,17 +203,17 @@ def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
 def _load_dir(model_dir: Path, preset: Preset):
     import torch
 
-    from dllm_ais.models.checkpoint import load_llada
+    from dllm_ais.train_job import family
 
-    model = load_llada(model_dir, dtype=getattr(torch, preset.model.dtype), device=preset.model.device)
+    load_dir = family(preset.model.family).load_dir
+    model = load_dir(model_dir, dtype=getattr(torch, preset.model.dtype), device=preset.model.device)
     return model, _tokenizer_for(model_dir, preset, model)
 
 
 def _load_run(run_path: Path, device: str | None, dtype: str | None) -> EvalModel:
     """The latest checkpoint of a training run: model/ directly, or the run's base model + adapter/ merged."""
-    from dllm_ais.models.load import load_model_and_tokenizer
     from dllm_ais.run_dir import MANIFEST, RunDir
-    from dllm_ais.train_job import SFT_DIR
+    from dllm_ais.train_job import SFT_DIR, family
 
     run = RunDir(run_path)
     if not run.config_file.is_file():
@@ -239,7 +238,7 @@ def _load_run(run_path: Path, device: str | None, dtype: str | None) -> EvalMode
                 raise FileNotFoundError(f"--run {run_path}: LoRA run with SFT warm-up, but its base {sft} is missing.")
             model, tokenizer = _load_dir(sft, preset)
         else:
-            model, tokenizer = load_model_and_tokenizer(preset.model)
+            model, tokenizer = family(preset.model.family).load(preset.model)
         model = PeftModel.from_pretrained(model, str(ckpt / "adapter")).merge_and_unload().eval()
     else:
         raise FileNotFoundError(f"--run {run_path}: checkpoint {ckpt.name} has neither model/ nor adapter/.")
@@ -265,9 +264,9 @@ def load_for_eval(model_dir: str | os.PathLike | None = None, run_dir: str | os.
     preset = get_preset(preset or "tiny-cpu") if not isinstance(preset, Preset) else preset
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
     if model_dir is None:
-        from dllm_ais.models.load import load_model_and_tokenizer
+        from dllm_ais.train_job import family
 
-        model, tokenizer = load_model_and_tokenizer(preset.model)
+        model, tokenizer = family(preset.model.family).load(preset.model)
         return EvalModel(model, tokenizer, preset, preset.model.path or f"tiny (seed {preset.model.seed})")
     from dllm_ais.models.load import resolve_checkpoint_dir
 
@@ -336,7 +335,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results.append(evaluate(loaded.model, loaded.tokenizer, task, sampler, split=args.split,
                                 data_path=args.data_path, limit=args.limit, batch_size=args.batch_size,
                                 seed=args.seed, out_dir=out, progress=args.progress or sys.stderr.isatty(),
-                                task_config=task_config, meta={"model": loaded.source, "preset": preset.name}))
+                                task_config=task_config, meta={"model": loaded.source, "preset": preset.name},
+                                family=preset.model.family))
     print(f"model: {loaded.source}")
     print(f"{'task':<12} {'split':<6} {'gen_length':>10} {'n':>6} {'accuracy':>9}")
     for r in results:

@@ -64,7 +64,7 @@ class Family:
     lora_targets: Callable
     """lora_targets() -> peft target_modules."""
     backend: Callable
-    """backend(preset, model, tokenizer) -> Backend."""
+    """backend(sampler_config, model, tokenizer, train_config=None) -> Backend."""
 
 
 def _load_qwen_family(cfg):
@@ -79,23 +79,23 @@ def _load_qwen_family(cfg):
     return load_qwen(path, dtype=dtype, device=cfg.device), load_qwen_tokenizer(path)
 
 
-def _llada_backend(preset, model, tokenizer):
+def _llada_backend(sampler, model, tokenizer, train=None):
     from dllm_ais.models.load import stop_token_ids
 
-    tc = preset.train
-    return DiffusionBackend(preset.sampler, model.config.mask_token_id, stop_token_ids(model),
-                            p_mask_prompt=tc.p_mask_prompt, mismatch_num_draws=tc.mismatch_num_draws)
+    extra = {} if train is None else dict(p_mask_prompt=train.p_mask_prompt,
+                                          mismatch_num_draws=train.mismatch_num_draws)
+    return DiffusionBackend(sampler, model.config.mask_token_id, stop_token_ids(model), **extra)
 
 
-def _qwen_backend(preset, model, tokenizer):
+def _qwen_backend(sampler, model, tokenizer, train=None):
     from dllm_ais.backend import AutoregressiveBackend
 
     eos = model.config.eos_token_id
     stops = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
-    return AutoregressiveBackend(preset.sampler, stops, pad_token_id=tokenizer.pad_token_id)
+    return AutoregressiveBackend(sampler, stops, pad_token_id=tokenizer.pad_token_id)
 
 
-def _family(name: str) -> Family:
+def family(name: str) -> Family:
     from dllm_ais.models import checkpoint, llada, load, qwen
 
     return {
@@ -115,29 +115,29 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
     from dllm_ais.sft import warm_up
 
     tc, mc = preset.train, preset.model
-    family = _family(mc.family)
-    model, tokenizer = family.load(mc)
-    backend = family.backend(preset, model, tokenizer)
+    family_ = family(mc.family)
+    model, tokenizer = family_.load(mc)
+    backend = family_.backend(preset.sampler, model, tokenizer, tc)
     if tc.sft_steps > 0:
         cache = run.path / SFT_DIR
         if cache.is_dir():
-            model = family.load_dir(cache, dtype=getattr(torch, mc.dtype), device=mc.device)
+            model = family_.load_dir(cache, dtype=getattr(torch, mc.dtype), device=mc.device)
         else:
             pairs = _sft_pairs(tc.task, 20_000, tc.seed, tc.task_config)
             warm_up(model, tokenizer, pairs, tc.sft_steps, tc.sft_batch_size, tc.sft_learning_rate,
                     preset.sampler.gen_length, backend.sft_loss, tokenizer.eos_token_id, tc.seed, progress=progress)
-            family.save(model, tokenizer, cache)
+            family_.save(model, tokenizer, cache)
     if tc.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=tc.lora_r, lora_alpha=tc.lora_alpha, lora_dropout=tc.lora_dropout,
-                                                 target_modules=family.lora_targets()))
+                                                 target_modules=family_.lora_targets()))
 
     def save_model(m, directory: Path) -> None:
         if hasattr(m, "peft_config"):
             m.save_pretrained(str(directory / "adapter"))
         else:
-            family.save(m, tokenizer, directory / "model")
+            family_.save(m, tokenizer, directory / "model")
 
     def load_model_state(m, directory: Path) -> None:
         if hasattr(m, "peft_config"):
@@ -146,7 +146,7 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
 
             set_peft_model_state_dict(m, load_file(str(directory / "adapter" / "adapter_model.safetensors")))
         else:
-            m.load_state_dict(family.load_dir(directory / "model", dtype=next(m.parameters()).dtype,
+            m.load_state_dict(family_.load_dir(directory / "model", dtype=next(m.parameters()).dtype,
                                               device="cpu").state_dict())
 
     return Policy(model=model, tokenizer=tokenizer, backend=backend, save_model=save_model,

@@ -1,5 +1,6 @@
 """One trainer code path for both backends: the tiny LLaDA and the tiny Qwen train through the same function."""
 
+import json
 import math
 from dataclasses import replace
 
@@ -60,11 +61,12 @@ def test_bf16_rollouts_give_unit_weights(tmp_path, reward_fn, preset):
 
 
 def test_backend_choice_follows_the_family():
-    from dllm_ais.train_job import _family
+    from dllm_ais.train_job import family
 
-    llada = _family("llada").backend(get_preset("tiny-cpu"), *_family("llada").load(get_preset("tiny-cpu").model))
-    qwen_preset = get_preset("tiny-qwen")
-    qwen = _family("qwen").backend(qwen_preset, *_family("qwen").load(qwen_preset.model))
+    p = get_preset("tiny-cpu")
+    llada = family("llada").backend(p.sampler, *family("llada").load(p.model))
+    q = get_preset("tiny-qwen")
+    qwen = family("qwen").backend(q.sampler, *family("qwen").load(q.model))
     assert isinstance(llada, DiffusionBackend) and not llada.is_causal
     assert isinstance(qwen, AutoregressiveBackend) and qwen.is_causal
     with pytest.raises(ValueError, match="sequence-level"):
@@ -89,3 +91,21 @@ def test_ar_mismatch_is_exact_token_log_ratio():
     assert tokw.abs().max() > 0, "FP8 and BF16 differ"
     same = backend.mismatch_log_w(fp8, fp8, rollout, None, "token")
     assert torch.equal(same, torch.zeros_like(same))
+
+
+def test_eval_runs_for_both_families(tmp_path):
+    """`dllm-ais eval` on a Qwen run's checkpoint and on a LLaDA run's, through the same evaluate()."""
+    from dllm_ais.evaluate import evaluate, load_for_eval
+
+    for preset in ("tiny-cpu", "tiny-qwen"):
+        out = tmp_path / preset
+        p = get_preset(preset)
+        p = replace(p, train=replace(p.train, steps=1, prompts_per_step=1, sft_steps=2, sft_batch_size=4),
+                    grpo=replace(p.grpo, num_generations=2))
+        run_training(p, out, progress=False)
+        loaded = load_for_eval(run_dir=out)
+        scores = evaluate(loaded.model, loaded.tokenizer, "arith", p.sampler, limit=4, out_dir=tmp_path / "e",
+                          task_config=p.train.task_config, family=p.model.family)
+        rows = [json.loads(line) for line in (tmp_path / "e" / "generations.jsonl").read_text().splitlines()]
+        assert scores["n"] == 4 == len(rows)
+        assert scores["accuracy"] == sum(r["reward"] for r in rows) / 4
