@@ -136,7 +136,7 @@ def read_sequences(args, model, tokenizer):
     return ids, mask, comp_ids, comp_mask
 
 
-def plot(results, path: Path) -> None:
+def plot(results, path: Path, title: str = "") -> None:
     """Log-log std of ℓ against forward passes, one line per estimator."""
     import matplotlib
 
@@ -151,7 +151,8 @@ def plot(results, path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("forward passes per sequence (2 models × K rows)")
-    ax.set_ylabel("std of ℓ = ELBO_bf16 − ELBO_fp8")
+    ax.set_ylabel("std of ℓ = ELBO(model) − ELBO(FP8 copy)")
+    ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -207,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         writer.writeheader()
         writer.writerows({c: asdict(r)[c] for c in CSV_COLUMNS} for r in results)
-    plot(results, out / "variance.png")
+    plot(results, out / "variance.png", title=f"{args.model or 'tiny'} {args.dtype} vs {fp8_source}, "
+                                              f"{int(seqs[0].shape[0])} seqs × {repeats} repeats")
     meta = dict(argv=sys.argv if argv is None else ["variance", *argv], model=args.model or "tiny", dtype=args.dtype,
                 fp8=fp8_source, device=str(next(model_a.parameters()).device), machine=platform.platform(),
                 cpu_threads=torch.get_num_threads(), num_sequences=int(seqs[0].shape[0]),

@@ -66,7 +66,7 @@ def masked_logprob_sums(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     for s in range(0, active.numel(), batch_size):
         rows = active[s:s + batch_size]  # [n]
         seq, m = rows // K, flat[rows]  # [n], [n, L]
-        inp = x[seq].clone()  # [n, T]
+        inp = x[seq]  # [n, T] (a copy: advanced indexing)
         inp[:, P:] = torch.where(m, mask_token_id, inp[:, P:])
         counts = m.sum(-1)  # [n]
         M = int(counts.max())

@@ -9,8 +9,10 @@ A draw is a boolean mask over the completion (True = replaced by the mask token 
 Both are unbiased for the same ELBO. Let g(l) = E[Σ_{j∈M} log p(y_j | y_{M^c}, x) | |M| = l] (g(0) = 0); given |M| = l,
 M is a uniform l-subset under both schemes. Mask-count: E = Σ_{l=1..L} (1/L) · (L/l) · g(l) = Σ_l g(l) / l. Uniform-t:
 E = Σ_l g(l) ∫_0^1 (1/t) C(L,l) t^l (1-t)^(L-l) dt = Σ_l g(l) C(L,l) B(l, L-l+1) = Σ_l g(l) C(L,l) (l-1)! (L-l)! / L!
-= Σ_{l≥1} g(l) / l. The same. (Uniform-t has infinite variance, though: one masked token at small t contributes
-(1/t)·log p with probability ≈ L·t, so E[X²] ⊇ ∫ L·t/t² dt = ∞. Its sample std still converges slowly, ~sqrt(log n).)
+= Σ_{l≥1} g(l) / l. The same. (Uniform-t has infinite variance, though: exactly one token j is masked with
+probability L·t·(1-t)^(L-1), and then X = log p_j / t, so E[X²] ≥ ∫ L·t·(1-t)^(L-1)·(log p_j)²/t² dt = ∞. The mean is
+fine, but sample variances keep growing like log n; the mask-count form has no such tail. Coupling tames it for ℓ:
+the common 1/t multiplies a log-prob difference.)
 
 Stratification (default): the K levels of one sequence come from one uniform offset v and evenly spaced points,
 w_k = (v + k/K) mod 1, so each w_k is exactly U[0, 1) (unbiased) while together they cover [0, 1) evenly.
