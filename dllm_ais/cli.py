@@ -147,24 +147,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="PNG curves (reward, lambda, ESS, divergence, mismatch KL) of one or more runs")
     add_plot_arguments(p)
     p.set_defaults(func=cmd_plot)
-    p = sub.add_parser("variance", help="std of the FP8/BF16 log-ratio vs forward passes, per ELBO estimator",
-                       add_help=False)
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of scripts/variance.py (see --help)")
-    p.set_defaults(func=cmd_variance)
+    # listed for --help only: main() hands `variance ...` to dllm_ais/variance_cli.py's own parser
+    sub.add_parser("variance", help="std of the FP8/BF16 log-ratio vs forward passes per ELBO estimator "
+                   "(dllm-ais variance --help)")
     return parser
 
 
-def cmd_variance(args: argparse.Namespace) -> int:
-    from dllm_ais.variance_cli import main as variance_main
-
-    return variance_main(args.args) or 0
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["variance"]:  # its own parser (dllm_ais/variance_cli.py) takes every remaining argument
+        _quiet_third_party_logs()
+        from dllm_ais.variance_cli import main as variance_main
+
+        return variance_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     _quiet_third_party_logs()
-    if args.command == "variance":
-        return args.func(args)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, KeyError, RuntimeError) as e:

@@ -27,3 +27,28 @@ def test_import_is_light():
             "print(sorted({'triton', 'transformers'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_sample_with_the_fp8_copy_and_unsupported_backend(capsys):
+    assert main(["sample", "--fp8", "--prompt", "1+1=", "--gen-length", "8", "--steps", "4"]) == 0
+    assert "### 1+1=" in capsys.readouterr().out
+    assert main(["sample", "--fp8", "--backend", "torchao"]) == 2
+    err = capsys.readouterr().err
+    assert "torchao" in err and "torch" in err.split("run on cpu:")[-1]
+
+
+def test_variance_subcommand_runs_the_study(tmp_path):
+    assert main(["variance", "--smoke", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert (tmp_path / "variance.csv").is_file() and (tmp_path / "variance.png").is_file()
+
+
+def test_train_subcommand_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), "--steps", "2", "--sft-steps", "2", "--no-progress"]
+    assert main(args) == 0
+    assert "2 steps" in capsys.readouterr().out
+    assert main(args) == 2 and "already holds a run" in capsys.readouterr().err
+    assert main(["train", "--out", str(out), "--resume", "--steps", "3", "--no-progress"]) == 0
+    assert (out / "checkpoints" / "step-000003").is_dir()
+    assert main(["plot", str(out), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
