@@ -72,4 +72,5 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_si
         sched.step()
         if progress:
             bar.set_postfix(loss=f"{loss.item():.3f}")
+    opt.zero_grad(set_to_none=True)  # no SFT gradient may leak into the first RL update
     return model.eval()

@@ -159,6 +159,9 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
 
     A resumed run uses the configuration saved in `out`; `steps` (if given) extends or shortens it.
     """
+    from accelerate import PartialState
+
+    state = PartialState(cpu=preset.model.device == "cpu")  # one process, or one per `accelerate launch` rank
     run = RunDir(out)
     if not resume and run.holds_run():
         run.create(preset, resume=False)  # raises the clear "already holds a run" error before any work
@@ -167,8 +170,11 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     if steps is not None:
         preset = replace(preset, train=replace(preset.train, steps=steps))
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
-    preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
-    policy = build_policy(preset, run, task.use_chat_template, progress)
+    state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
+    if state.is_main_process:
+        preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
+    with state.main_process_first():  # the main process runs the SFT warm-up and caches it; the others load it
+        policy = build_policy(preset, run, task.use_chat_template, progress and state.is_main_process)
     trainer = Trainer(preset, policy, run, reward, rows, progress=progress)
     if resume:
         trainer.resume()

@@ -112,7 +112,9 @@ class Trainer:
         warm = self.tc.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
-        self.model, self.optimizer, self.scheduler = self.acc.prepare(model, self.optimizer, self.scheduler)
+        # The scheduler stays unprepared: accelerate would step it once per process per update.
+        self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
         self.ref_model = None
         if preset.grpo.beta > 0 and not self._is_peft():
             self.ref_model = copy.deepcopy(self.master).eval().requires_grad_(False)
@@ -198,7 +200,12 @@ class Trainer:
         tok = self.policy.tokenizer
         texts = [tok.decode(c[k], skip_special_tokens=True)
                  for c, k in zip(rollout.completion_ids, rollout.completion_mask, strict=True)]
-        rewards = compute_rewards(self.reward_fn, prompts, texts, rows).to(device)
+        try:
+            rewards, error = compute_rewards(self.reward_fn, prompts, texts, rows).to(device), None
+        except StepSkipped as e:
+            rewards, error = None, e
+        if self._any_process(error is not None):  # skip together, or the others would wait in the all-reduce
+            raise error or StepSkipped("another process's reward function failed")
         row[M.REWARD_MEAN] = float(rewards.mean())
         row[M.reward_key(tc.task)] = row[M.REWARD_MEAN]
         adv_out = group_advantages(rewards, G, cfg.grpo.scale_rewards)
@@ -254,13 +261,13 @@ class Trainer:
             out = grpo_loss(logp, logp_old[idx], adv[idx], sub.completion_mask, cfg.grpo,
                             weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx])
             loss = out.loss * (idx.numel() / B)
-            if not torch.isfinite(loss):
+            if self._any_process(not torch.isfinite(loss)):  # a collective decision: DDP all-reduces in backward
                 finite = False
                 break
             self.acc.backward(loss)
             metrics.append(out.metrics())
-        grads_ok = finite and all(p.grad is None or torch.isfinite(p.grad).all()
-                                  for p in self.model.parameters() if p.requires_grad)
+        grads_ok = finite and not self._any_process(not all(p.grad is None or torch.isfinite(p.grad).all()
+                                                            for p in self.model.parameters() if p.requires_grad))
         if not grads_ok:
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped += 1
@@ -316,6 +323,13 @@ class Trainer:
                 writer.close()
         self.save()
         return written
+
+    def _any_process(self, flag: bool) -> bool:
+        """True if `flag` holds on any process (the same answer everywhere)."""
+        if self.acc.num_processes == 1:
+            return bool(flag)
+        t = torch.tensor([1.0 if flag else 0.0], device=self.acc.device)
+        return bool(self.acc.reduce(t, reduction="sum").item() > 0)
 
     def _reduce(self, row: dict[str, float]) -> dict[str, float]:
         """Average every metric over processes (identical on one process)."""

@@ -22,7 +22,6 @@ from dllm_ais import metrics as M
 
 SCRIPT = Path(__file__).with_name("dist_train_script.py")
 TIMEOUT_S = 300
-RUN_DIR_RACE = "already holds a run"
 """Error of a run_training whose every process creates the run directory (the second one finds it taken)."""
 
 
@@ -59,9 +58,6 @@ def test_two_process_ddp_keeps_ranks_identical(tmp_path):
     out = tmp_path / "run"
     proc, seconds = launch(out, tmp_path)
     output = f"$ {' '.join(proc.args)}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
-    if proc.returncode != 0 and RUN_DIR_RACE in output:
-        pytest.xfail("known bug: dllm_ais/train_job.py run_training lets every process create the run directory, "
-                     "so the second rank raises FileExistsError; see the fix in the distributed-test report.")
     assert proc.returncode == 0, output[-20000:]
     print(f"two-process GRPO run: {seconds:.1f} s")
 
