@@ -22,7 +22,6 @@ from dllm_ais import metrics as M
 
 SCRIPT = Path(__file__).with_name("dist_train_script.py")
 TIMEOUT_S = 300
-"""Error of a run_training whose every process creates the run directory (the second one finds it taken)."""
 
 
 def free_port() -> int:
