@@ -19,16 +19,13 @@ measurement is written as skipped (nothing is estimated). One JSON line per meas
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
-from dllm_ais.fp8 import FP8BackendError, check_backend, quantize_model
+from dllm_ais import bench_env
 from dllm_ais.models.qwen import random_qwen
 from dllm_ais.samplers.autoregressive import ARSamplerConfig, ar_sample
 
@@ -53,32 +50,12 @@ def qwen3_config(shape: dict):
                        tie_word_embeddings=False, rms_norm_eps=1e-6)
 
 
-def environment(device: torch.device, smoke: bool) -> dict:
-    import transformers
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    try:
-        sha, dirty = git("rev-parse", "HEAD") or "unknown", bool(git("status", "--porcelain"))
-    except OSError:
-        sha, dirty = "unknown", None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {"bench": "ar_decode", "device": name, "torch": torch.__version__, "transformers": transformers.__version__,
-            "git_sha": sha, "git_dirty": dirty, "smoke": smoke}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed_sample(model, ids, mask, new_tokens: int, vocab: int, generator) -> float:
     cfg = ARSamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
-    _sync(ids.device)
+    bench_env.sync(ids.device)
     t0 = time.perf_counter()
     out = ar_sample(model, ids, mask, cfg, stop_token_ids=(vocab,), generator=generator, pad_token_id=0)
-    _sync(ids.device)
+    bench_env.sync(ids.device)
     seconds = time.perf_counter() - t0
     if out.num_steps != new_tokens or not out.completion_mask.all():
         raise RuntimeError(f"expected {new_tokens} decoded tokens per row, got num_steps={out.num_steps}")
@@ -92,66 +69,41 @@ def measure(model, batch: int, prompt_len: int, new_tokens: int, repeats: int, d
     ids = torch.randint(0, vocab, (batch, prompt_len), generator=g, device=device)  # [B, P], no padding
     mask = torch.ones(batch, prompt_len, dtype=torch.bool, device=device)
     _timed_sample(model, ids, mask, min(4, new_tokens), vocab, g)  # warm-up (kernels, allocator)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    model_bytes = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
-    prefill = statistics.median(_timed_sample(model, ids, mask, 1, vocab, g) for _ in range(repeats))
-    total = statistics.median(_timed_sample(model, ids, mask, new_tokens, vocab, g) for _ in range(repeats))
-    row = {"total_s": total, "prefill_s": prefill, "tokens_per_s": batch * new_tokens / total,
-           "decode_tokens_per_s": batch * (new_tokens - 1) / (total - prefill) if total > prefill else None}
-    if device.type == "cuda":
-        row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        row["model_gib"] = model_bytes / 2**30
-    return row
-
-
-def backend_reason(backend: str, device: torch.device) -> str | None:
-    try:
-        check_backend(backend, device)
-    except FP8BackendError as e:
-        return str(e)
-    return None
+    with bench_env.cuda_memory(device) as memory:
+        prefill = statistics.median(_timed_sample(model, ids, mask, 1, vocab, g) for _ in range(repeats))
+        total = statistics.median(_timed_sample(model, ids, mask, new_tokens, vocab, g) for _ in range(repeats))
+    return {"total_s": total, "prefill_s": prefill, "tokens_per_s": batch * new_tokens / total,
+            "decode_tokens_per_s": batch * (new_tokens - 1) / (total - prefill) if total > prefill else None, **memory}
 
 
 def run(args, device: torch.device, size: str, emit) -> None:
     shape = SHAPES[size]
-    plans = [("bf16", None)] + [("fp8", b) for b in args.backends]
+
+    def record(precision: str, backend: str | None, batch: int) -> dict:
+        return dict(shape=shape, batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                    precision=precision, backend=backend)
+
     if device.type != "cuda" and not args.smoke:
-        for precision, backend in plans:
+        for precision, backend in [("bf16", None)] + [("fp8", b) for b in args.backends]:
             for batch in args.batch:
-                emit(shape=shape, batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                     precision=precision, backend=backend, status="skipped",
-                     reason="no CUDA device: the full benchmark needs a GPU (use --smoke on CPU)")
+                emit(**record(precision, backend, batch), status="skipped", reason=bench_env.NO_CUDA_REASON)
         return
-    master = random_qwen(qwen3_config(shape), seed=0, dtype=torch.bfloat16, device=device)
-    for precision, backend in plans:
-        reason = None if backend is None else backend_reason(backend, device)
-        status = "skipped"
-        model = master
-        if reason is None and backend is not None:
-            try:
-                model = quantize_model(master, backend=backend)
-                master.to("cpu")  # only the measured model stays on the device
-            except Exception as e:  # a backend that fails to build is reported, not fatal
-                reason, status = f"quantize_model failed: {type(e).__name__}: {e}", "failed"
+
+    def measure_all(precision: str, backend: str | None, model, info: dict) -> None:
         for batch in args.batch:
-            record = dict(shape=shape, batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                          precision=precision, backend=backend)
-            if reason is not None:
-                emit(**record, status=status, reason=reason)
+            rec = record(precision, backend, batch)
+            if model is None:
+                emit(**rec, **info)  # skipped or failed, with the reason
                 continue
             try:
-                emit(**record, **measure(model, batch, args.prompt_len, args.new_tokens, args.repeats, device),
-                     status="ok")
+                row = measure(model, batch, args.prompt_len, args.new_tokens, args.repeats, device)
             except Exception as e:  # e.g. out of memory at batch 32: record it and go on
-                first_line = str(e).splitlines()[0] if str(e) else ""
-                emit(**record, status="failed", reason=f"{type(e).__name__}: {first_line}")
-        if model is not master:
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            master.to(device)
+                emit(**rec, status="failed", reason=bench_env.error_reason(e))
+                continue
+            emit(**rec, **row, status="ok")
+
+    master = random_qwen(qwen3_config(shape), seed=0, dtype=torch.bfloat16, device=device)
+    bench_env.for_each_precision(master, args.backends, device, measure_all)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,19 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    env = environment(device, args.smoke)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as f:
-
-        def emit(**record: object) -> None:
-            line = json.dumps({**env, **record, "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
-            f.write(line + "\n")
-            f.flush()
-            print(line, flush=True)
-
-        with torch.no_grad():
-            run(args, device, size, emit)
+    env = bench_env.environment(device, args.smoke, REPO, bench="ar_decode", libraries=("torch", "transformers"))
+    with bench_env.jsonl_writer(args.out, env) as emit, torch.no_grad():
+        run(args, device, size, emit)
 
 
 if __name__ == "__main__":

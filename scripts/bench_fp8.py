@@ -17,11 +17,8 @@ Writes one JSON line per measurement to --out; a backend that cannot run is reco
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +31,7 @@ if not torch.cuda.is_available():  # the Triton kernels can only run on CPU unde
 
 from torch import nn  # noqa: E402
 
+from dllm_ais import bench_env  # noqa: E402
 from dllm_ais.fp8 import BACKENDS, FP8Linear, quant, quantize_model, sync_weights, unavailable_reason  # noqa: E402
 from dllm_ais.fp8.linear import torchao_blockwise_gemm  # noqa: E402
 
@@ -41,30 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 GEMM_M = {"full": [2048, 8192, 32768], "smoke": [32]}
 GEMM_NK = {"full": [(4096, 4096), (12288, 4096), (4096, 12288)], "smoke": [(128, 128), (384, 128), (128, 384)]}
 MODEL = {"full": dict(layers=32, d=4096, hidden=12288), "smoke": dict(layers=2, d=128, hidden=384)}
-
-
-def environment(device: torch.device, smoke: bool) -> dict:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout)
-    except OSError:
-        sha, dirty = "unknown", None
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {
-        "device": name,
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
-        "git_sha": sha,
-        "git_dirty": dirty,
-        "smoke": smoke,
-    }
 
 
 def timed(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
@@ -212,18 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     if size == "full" and device.type != "cuda":
         sys.exit("the full benchmark needs a CUDA GPU; use --smoke on CPU")
     repeats = args.repeats or (2 if args.smoke else 20)
-    env = environment(device, args.smoke)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    with out.open("a") as f:
-
-        def emit(**record: object) -> None:
-            line = json.dumps({**env, **record, "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
-            f.write(line + "\n")
-            f.flush()
-            print(line)
-
+    env = bench_env.environment(device, args.smoke, REPO, libraries=("torch", "triton"),
+                                triton_interpret=os.environ.get("TRITON_INTERPRET") == "1")
+    with bench_env.jsonl_writer(args.out, env) as emit:
         if "gemm" in args.bench:
             bench_gemm(device, size, repeats, warmup=1 if args.smoke else 3, emit=emit)
         if "sync" in args.bench:

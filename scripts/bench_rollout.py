@@ -26,10 +26,7 @@ One JSON line per measurement is appended to --out.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -37,8 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dllm_ais import bench_env
 from dllm_ais.config import SamplerConfig
-from dllm_ais.fp8 import FP8BackendError, check_backend, quantize_model
 from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, RMSNorm
 from dllm_ais.samplers.diffusion import diffusion_sample
 
@@ -57,27 +54,6 @@ DEFAULTS = {  # batch sizes, gen lengths, block length, prompt length, FP8 backe
     "smoke": dict(batch=[2], gen_length=[16], block_length=8, prompt_len=8, backends=["torch", "scaled_mm", "torchao"],
                   repeats=1),
 }
-
-
-def environment(device: torch.device, smoke: bool) -> dict:
-    """Fields shared by every row: device, versions, git commit."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    try:
-        sha, dirty = git("rev-parse", "HEAD") or "unknown", bool(git("status", "--porcelain"))
-    except OSError:
-        sha, dirty = "unknown", None
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {"bench": "rollout", "device": name, "torch": torch.__version__, "triton": triton_version,
-            "git_sha": sha, "git_dirty": dirty, "smoke": smoke}
 
 
 @torch.no_grad()
@@ -105,18 +81,13 @@ def random_prompts(batch: int, prompt_len: int, vocab: int, mask_token_id: int, 
     return ids, torch.ones(batch, prompt_len, dtype=torch.bool, device=device)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed_rollout(model, ids, mask, cfg: SamplerConfig, generator: torch.Generator) -> float:
     device = ids.device
     config = model.config
-    _sync(device)
+    bench_env.sync(device)
     t0 = time.perf_counter()
     out = diffusion_sample(model, ids, mask, cfg, config.mask_token_id, (config.eos_token_id,), generator)
-    _sync(device)
+    bench_env.sync(device)
     seconds = time.perf_counter() - t0
     if out.num_steps != cfg.steps or (out.commit_step < 0).any():  # (a random model may sample the mask id itself)
         raise RuntimeError(f"rollout incomplete: {out.num_steps} of {cfg.steps} steps, or positions never committed")
@@ -132,37 +103,14 @@ def measure(model, batch: int, gen_length: int, args, device: torch.device) -> d
     g = torch.Generator(device=device).manual_seed(1000 * batch + gen_length)
     ids, mask = random_prompts(batch, args.prompt_len, config.embedding_size, config.mask_token_id, g, device)
     _timed_rollout(model, ids, mask, warmup, g)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    model_bytes = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
-    total = statistics.median(_timed_rollout(model, ids, mask, cfg, g) for _ in range(args.repeats))
-    row = {"total_s": total, "tokens_per_s": batch * gen_length / total,
-           "step_ms": total / cfg.steps * 1e3}
-    if device.type == "cuda":
-        row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        row["model_gib"] = model_bytes / 2**30
-    return row
-
-
-def backend_reason(backend: str, device: torch.device) -> str | None:
-    """Why `backend` cannot run on `device` (FP8BackendError's message), or None."""
-    try:
-        check_backend(backend, device)
-    except FP8BackendError as e:
-        return str(e)
-    return None
-
-
-def _error(e: Exception) -> str:
-    first_line = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {first_line}"
+    with bench_env.cuda_memory(device) as memory:
+        total = statistics.median(_timed_rollout(model, ids, mask, cfg, g) for _ in range(args.repeats))
+    return {"total_s": total, "tokens_per_s": batch * gen_length / total, "step_ms": total / cfg.steps * 1e3, **memory}
 
 
 def run(args, device: torch.device, size: str, emit) -> None:
     """BF16 rows for every shape first, then each FP8 backend's rows with ratios against them."""
     shape = SHAPES[size]
-    plans = [("bf16", None)] + [("fp8", b) for b in args.backends]
     grid = [(batch, gen_length) for gen_length in args.gen_length for batch in args.batch]
 
     def record(precision: str, backend: str | None, batch: int, gen_length: int) -> dict:
@@ -171,35 +119,22 @@ def run(args, device: torch.device, size: str, emit) -> None:
                     precision=precision, backend=backend)
 
     if device.type != "cuda" and not args.smoke:
-        for precision, backend in plans:
+        for precision, backend in [("bf16", None)] + [("fp8", b) for b in args.backends]:
             for batch, gen_length in grid:
-                emit(**record(precision, backend, batch, gen_length), status="skipped",
-                     reason="no CUDA device: the full benchmark needs a GPU (use --smoke on CPU)")
+                emit(**record(precision, backend, batch, gen_length), status="skipped", reason=bench_env.NO_CUDA_REASON)
         return
-    master = random_llada(LLaDAConfig(**shape), seed=0, device=device)
     bf16: dict[tuple[int, int], dict] = {}
-    for precision, backend in plans:
-        reason = None if backend is None else backend_reason(backend, device)
-        status, extra, model = "skipped", {}, master
-        if reason is None and backend is not None:
-            try:
-                _sync(device)
-                t0 = time.perf_counter()
-                model = quantize_model(master, backend=backend)
-                _sync(device)
-                extra["quantize_s"] = time.perf_counter() - t0
-                master.to("cpu")  # only the measured model stays on the device
-            except Exception as e:  # a backend that fails to build is reported, not fatal
-                reason, status = f"quantize_model failed: {_error(e)}", "failed"
+
+    def measure_all(precision: str, backend: str | None, model, info: dict) -> None:
         for batch, gen_length in grid:
             rec = record(precision, backend, batch, gen_length)
-            if reason is not None:
-                emit(**rec, status=status, reason=reason)
+            if model is None:
+                emit(**rec, **info)  # skipped or failed, with the reason
                 continue
             try:
                 row = measure(model, batch, gen_length, args, device)
             except Exception as e:  # e.g. out of memory at batch 32: record it and go on
-                emit(**rec, status="failed", reason=_error(e))
+                emit(**rec, status="failed", reason=bench_env.error_reason(e))
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 continue
@@ -210,12 +145,10 @@ def run(args, device: torch.device, size: str, emit) -> None:
                 row["speedup_vs_bf16"] = row["tokens_per_s"] / ref["tokens_per_s"]
                 if "peak_mem_gib" in row:
                     row["peak_mem_ratio_vs_bf16"] = row["peak_mem_gib"] / ref["peak_mem_gib"]
-            emit(**rec, **extra, **row, status="ok")
-        if model is not master:
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            master.to(device)
+            emit(**rec, **info, **row, status="ok")  # info: quantize_s for FP8
+
+    master = random_llada(LLaDAConfig(**shape), seed=0, device=device)
+    bench_env.for_each_precision(master, args.backends, device, measure_all)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -238,19 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     for gen_length in args.gen_length:  # fail before any model is built
         SamplerConfig(gen_length=gen_length, block_length=args.block_length, steps=gen_length // 2)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    env = environment(device, args.smoke)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as f:
-
-        def emit(**record: object) -> None:
-            line = json.dumps({**env, **record, "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
-            f.write(line + "\n")
-            f.flush()
-            print(line, flush=True)
-
-        with torch.no_grad():
-            run(args, device, size, emit)
+    env = bench_env.environment(device, args.smoke, REPO, bench="rollout", libraries=("torch", "triton"))
+    with bench_env.jsonl_writer(args.out, env) as emit, torch.no_grad():
+        run(args, device, size, emit)
 
 
 if __name__ == "__main__":
