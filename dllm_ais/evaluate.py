@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dllm_ais.config import PRESETS, Preset, SamplerConfig, get_preset, override
+from dllm_ais.progress import progress_bar
 
 D1_BLOCK_LENGTH = 32
 """d1's semi-autoregressive block length at evaluation."""
@@ -121,11 +122,8 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
     completions: list[str] = []
     lengths: list[int] = []
     t0 = time.perf_counter()
-    batches = range(0, len(rows), batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(batches, desc=f"eval {task_name} L={sampler.gen_length}", unit="batch")
+    batches = progress_bar(range(0, len(rows), batch_size), enabled=progress,
+                           desc=f"eval {task_name} L={sampler.gen_length}", unit="batch")
     try:
         for start in batches:
             batch = rows[start:start + batch_size]

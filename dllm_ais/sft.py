@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dllm_ais.progress import progress_bar
+
 
 def sft_loss(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
              mask_token_id: int, generator: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
@@ -54,11 +56,7 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_si
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(steps, 1))  # linear decay to 0
     model.train()
-    bar = range(steps)
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(bar, desc="SFT warm-up", unit="step")
+    bar = progress_bar(range(steps), enabled=progress, desc="SFT warm-up", unit="step")
     for _ in bar:
         idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
         prompts, completions = zip(*(pairs[i] for i in idx), strict=True)

@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from dllm_ais.progress import progress_bar
+
 TINY_PROMPTS = ["12+7=", "3+45=", "Hello, ", "The cat ", "9*9=", "abc"]
 LLADA_PROMPTS = [
     "What is 12 * 7? Think step by step.",
@@ -176,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("torchao", "torch.utils._pytree"):
         logging.getLogger(name).setLevel(logging.ERROR)
     import torch
-    from tqdm.auto import tqdm
 
     from dllm_ais.likelihood.variance import ESTIMATORS, measure
 
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                       args.smoke)
     tasks = [(n, k) for n in names for k in ks if ESTIMATORS[n].supports(k)]
     results = []
-    bar = tqdm(tasks, desc="variance", unit="setting", disable=args.no_progress, file=sys.stderr)
+    bar = progress_bar(tasks, enabled=not args.no_progress, desc="variance", unit="setting")
     for i, (name, k) in enumerate(bar):
         bar.set_postfix_str(f"{name} K={k}")
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + i)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_ais.progress import progress_bar
 from dllm_ais.types import Rollout
 
 
@@ -142,7 +143,7 @@ def ar_sample(
                 logits_to_keep=1)
     next_pos = pos[:, -1:] + 1  # [B, 1]
     num_steps = 1
-    bar = _progress(L, progress)
+    bar = progress_bar(total=L, enabled=progress, desc="decoding", unit="tok", leave=False)
     for t in range(L):
         logp = sampling_logprobs(out.logits[:, -1], config)  # [B, V] float64
         token = sample_tokens(logp, config.temperature == 0, generator)  # [B]
@@ -164,18 +165,3 @@ def ar_sample(
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
                    commit_step=commit_step, num_steps=num_steps, logp_rollout=logp_rollout)
 
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="decoding", unit="tok", leave=False)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from dllm_ais.config import SamplerConfig
+from dllm_ais.progress import progress_bar
 from dllm_ais.types import Rollout
 
 
@@ -89,7 +90,7 @@ def diffusion_sample(
     attn = torch.cat([prompt_mask, torch.ones(B, L, dtype=torch.bool, device=device)], dim=1)  # [B, P + L]
     commit_step = torch.full((B, L), -1, dtype=torch.long, device=device)
     steps_per_block = config.steps // config.num_blocks
-    bar = _progress(config.steps, progress)
+    bar = progress_bar(total=config.steps, enabled=progress, desc="denoising", unit="step", leave=False)
     step = 0
     for b in range(config.num_blocks):
         lo, hi = b * config.block_length, (b + 1) * config.block_length  # completion coordinates
@@ -123,18 +124,3 @@ def diffusion_sample(
                    completion_mask=completion_mask_from_stops(completion, stop_token_ids), commit_step=commit_step,
                    num_steps=step)
 
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="denoising", unit="step", leave=False)
