@@ -2,8 +2,9 @@
 
 The trainer never branches on diffusion vs autoregressive: it calls a `Backend`.
 - `sample(model, prompt_ids, prompt_mask, generator)` -> Rollout (with the FP8 or the BF16 model).
-- `token_logp(model, rollout, seed)` -> [B, L] per-token log-probs used in the GRPO ratio π_θ / π_old; `seed` fixes
-  any estimator noise so θ and π_old (and the reference) see the same masks.
+- `token_logp(model, rollout, seed, rows=None)` -> [B, L] (or [len(rows), L]) per-token log-probs used in the GRPO
+  ratio π_θ / π_old; `seed` fixes any estimator noise for the whole batch, so θ on a micro-batch of rows, π_old and
+  the reference on the full batch all see the same masks.
 - `mismatch_log_w(model_old, model_rollout, rollout, generator)` -> ℓ = log π_old − log μ, [B] (sequence level) or
   [B, L] (token level, where the backend has exact per-token log-probs).
 - `sft_loss(model, prompt_ids, prompt_mask, completion_ids, generator)` -> [] supervised warm-up loss.
@@ -28,7 +29,7 @@ class Backend(Protocol):
     def sample(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generator: torch.Generator,
                progress: bool = False) -> Rollout: ...
 
-    def token_logp(self, model, rollout: Rollout, seed: int) -> torch.Tensor: ...
+    def token_logp(self, model, rollout: Rollout, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator: torch.Generator,
                        level: str) -> torch.Tensor: ...
@@ -59,11 +60,14 @@ class DiffusionBackend:
         return diffusion_sample(model, prompt_ids, prompt_mask, self.sampler, self.mask_token_id,
                                 self.stop_token_ids, generator=generator, progress=progress)
 
-    def token_logp(self, model, rollout: Rollout, seed: int) -> torch.Tensor:
-        from dllm_ais.likelihood.one_step import one_step_logprobs
+    def token_logp(self, model, rollout: Rollout, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        from dllm_ais.likelihood.one_step import draw_prompt_mask, one_step_logprobs
 
-        return one_step_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                                 generator=seed, p_mask_prompt=self.p_mask_prompt, mask_token_id=self.mask_token_id)
+        masked = draw_prompt_mask(rollout.prompt_mask, self.p_mask_prompt, seed)  # [B, P], drawn for the whole batch
+        idx = slice(None) if rows is None else rows
+        return one_step_logprobs(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                                 rollout.completion_ids[idx], prompt_masked=masked[idx],
+                                 mask_token_id=self.mask_token_id)
 
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
         if level != "sequence":
@@ -112,11 +116,12 @@ class AutoregressiveBackend:
         return ar_sample(model, prompt_ids, prompt_mask, self._ar_config(), self.stop_token_ids, generator=generator,
                          progress=progress, pad_token_id=self.pad_token_id)
 
-    def token_logp(self, model, rollout: Rollout, seed: int) -> torch.Tensor:
+    def token_logp(self, model, rollout: Rollout, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         from dllm_ais.likelihood.autoregressive import completion_logprobs
 
-        return completion_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                                   temperature=self._temperature)
+        idx = slice(None) if rows is None else rows
+        return completion_logprobs(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                                   rollout.completion_ids[idx], temperature=self._temperature)
 
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
         mask = rollout.completion_mask

@@ -40,15 +40,15 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from dllm_ais.models.load import encode_prompts, load_model_and_tokenizer, stop_token_ids
-    from dllm_ais.samplers.diffusion import diffusion_sample
+    from dllm_ais.models.load import encode_prompts
+    from dllm_ais.train_job import family
 
     preset = get_preset(args.preset)
     model_cfg = override(preset.model, path=args.model, device=args.device, dtype=args.dtype, seed=args.seed)
     sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=args.block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale)
-    model, tokenizer = load_model_and_tokenizer(model_cfg)
+    model, tokenizer = family(model_cfg.family).load(model_cfg)
     if args.fp8:
         from dllm_ais.fp8.linear import quantize_model
 
@@ -56,8 +56,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     prompts = args.prompt or (TINY_PROMPTS if model_cfg.path is None else ["What is 12 * 7? Think step by step."])
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
-    rollout = diffusion_sample(model, ids, mask, sampler_cfg, model.config.mask_token_id, stop_token_ids(model),
-                               generator=generator, progress=sys.stderr.isatty() or args.progress)
+    backend = family(model_cfg.family).backend(sampler_cfg, model, tokenizer)
+    rollout = backend.sample(model, ids, mask, generator, progress=sys.stderr.isatty() or args.progress)
     for prompt, comp, keep in zip(prompts, rollout.completion_ids, rollout.completion_mask, strict=True):
         text = tokenizer.decode(comp[keep], skip_special_tokens=True)
         print(f"### {prompt}\n{text}\n")
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_third_party_logs()
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, KeyError, RuntimeError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError, RuntimeError, ImportError, TypeError) as e:
         print(f"dllm-ais {args.command}: error: {e}", file=sys.stderr)
         return 2
 

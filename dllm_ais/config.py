@@ -119,7 +119,8 @@ class TrainConfig:
     lora_alpha: float = 64.0
     """LoRA alpha."""
     lora_dropout: float = 0.0
-    """LoRA dropout."""
+    """LoRA dropout. Keep 0 for RL: dropout is active for π_θ but not for π_old (ratio ≠ 1 at the first iteration)
+    and draws from torch's global RNG (breaks resume reproducibility)."""
     sft_steps: int = 0
     """Masked-diffusion SFT warm-up steps before GRPO (built-in task only needs this); 0 = none."""
     sft_batch_size: int = 64
@@ -201,7 +202,7 @@ def _d1(name: str, task: str, description: str) -> Preset:
         SamplerConfig(gen_length=256, block_length=32, steps=128, temperature=0.9),
         TrainConfig(task=task, steps=2000 if task in ("countdown", "sudoku") else 4000, prompts_per_step=1,
                     learning_rate=3e-6, weight_decay=0.1, max_grad_norm=0.2, gradient_accumulation_steps=2,
-                    fp8_backend="triton", lora_r=128, lora_alpha=64.0, lora_dropout=0.05, save_every=100),
+                    fp8_backend="triton", lora_r=128, lora_alpha=64.0, save_every=100),
         GRPOConfig(num_generations=6, scale_rewards="none", epsilon=0.5, beta=0.04, loss_type="grpo",
                    max_completion_length=256, num_iterations=12),
     )

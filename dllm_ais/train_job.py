@@ -90,9 +90,13 @@ def _llada_backend(sampler, model, tokenizer, train=None):
 def _qwen_backend(sampler, model, tokenizer, train=None):
     from dllm_ais.backend import AutoregressiveBackend
 
-    eos = model.config.eos_token_id
-    stops = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
-    return AutoregressiveBackend(sampler, stops, pad_token_id=tokenizer.pad_token_id)
+    stops: list[int] = []
+    for cfg in (model.config, getattr(model, "generation_config", None)):  # Qwen3 lists <|endoftext|> only in the
+        eos = getattr(cfg, "eos_token_id", None)  # generation config
+        for i in eos if isinstance(eos, (list, tuple)) else [eos]:
+            if i is not None and i not in stops:
+                stops.append(i)
+    return AutoregressiveBackend(sampler, tuple(stops), pad_token_id=tokenizer.pad_token_id)
 
 
 def family(name: str) -> Family:
@@ -173,6 +177,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
     if state.is_main_process:
         preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
+    if preset.model.device.startswith("cuda"):  # each process loads onto its own GPU
+        preset = replace(preset, model=replace(preset.model, device=str(state.device)))
     with state.main_process_first():  # the main process runs the SFT warm-up and caches it; the others load it
         policy = build_policy(preset, run, task.use_chat_template, progress and state.is_main_process)
     trainer = Trainer(preset, policy, run, reward, rows, progress=progress)

@@ -24,6 +24,9 @@ from dllm_ais.correction import correct
 from dllm_ais.grpo import grpo_loss
 from dllm_ais.run_dir import RunDir
 
+TOKEN_MEAN_LOSSES = ("bnpo", "dapo")
+"""GRPO loss types normalised by the number of counted tokens (micro-batches are weighted by their token share)."""
+
 
 def step_generator(seed: int, step: int, purpose: str, device: str | torch.device = "cpu") -> torch.Generator:
     """A generator for one purpose at one step, independent of everything that ran before."""
@@ -106,6 +109,11 @@ class Trainer:
         self.rows = rows
         self.progress = progress
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
+        from accelerate.utils import DistributedType
+
+        if self.acc.distributed_type == DistributedType.FSDP and self.tc.rollout_precision == "fp8":
+            raise ValueError("FP8 rollouts under FSDP are not supported yet (the FP8 copy needs the full, unsharded "
+                             "weights); use DDP (distributed_type: MULTI_GPU) with LoRA, or --rollout-precision bf16.")
         model = policy.model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.tc.learning_rate, weight_decay=self.tc.weight_decay)
@@ -123,6 +131,8 @@ class Trainer:
         self.prev_lam = None
         self.skipped = 0
         self.reward_errors = 0
+        self._updated_this_step = False  # an update of the current step happened: the state is mid-step
+        self._stop_requested = False  # first Ctrl-C: finish the step, checkpoint, stop
 
     # ---------------------------------------------------------------------------------------------------- models
     @property
@@ -162,7 +172,9 @@ class Trainer:
 
     def resume(self) -> None:
         ckpt = self.run.latest()
-        if ckpt is None:
+        if ckpt is None:  # interrupted before its first checkpoint: start over
+            if self.acc.is_main_process:
+                M.MetricsWriter(self.run.path).truncate_after(-1)
             return
         RunDir.verify(ckpt)
         self.policy.load_model_state(self.master, ckpt)
@@ -218,7 +230,6 @@ class Trainer:
             log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout,
                                            step_generator(tc.seed, step, "mismatch", device), level)
         corr = correct(log_w, adv, rollout.completion_mask, cfg.correction, prev_lam=self.prev_lam)
-        self.prev_lam = corr.lam
         row.update(corr.metrics())
         row[M.time_key("mismatch")] = time.perf_counter() - t1
 
@@ -239,6 +250,8 @@ class Trainer:
             row[key] = sum(vals) / len(vals) if vals else float("nan")
         if cfg.grpo.beta == 0:
             row.pop("loss/kl")
+        if torch.isfinite(corr.lam):  # a NaN λ must not poison the EMA of every later step
+            self.prev_lam = corr.lam
         t3 = time.perf_counter()
         self._sync_rollout()
         row[M.time_key("sync")] = time.perf_counter() - t3
@@ -251,16 +264,20 @@ class Trainer:
         self.model.train()
         B = adv.shape[0]
         chunks = torch.arange(B, device=adv.device).tensor_split(self.tc.gradient_accumulation_steps)
+        mask = rollout.completion_mask
+        token_mean = cfg.grpo.loss_type in TOKEN_MEAN_LOSSES
         metrics: list[dict[str, float]] = []
         finite = True
         for idx in chunks:
             if idx.numel() == 0:
                 continue
-            sub = _select(rollout, idx)
-            logp = backend.token_logp(self.model, sub, seed)
-            out = grpo_loss(logp, logp_old[idx], adv[idx], sub.completion_mask, cfg.grpo,
+            logp = backend.token_logp(self.model, rollout, seed, rows=idx)
+            out = grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo,
                             weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx])
-            loss = out.loss * (idx.numel() / B)
+            # Each chunk's loss is a mean over its sequences (grpo, dr_grpo) or its tokens (bnpo, dapo); weight it by
+            # its share of the batch's sequences or tokens, so the sum equals the full-batch loss.
+            share = (mask[idx].sum() / mask.sum().clamp(min=1)) if token_mean else idx.numel() / B
+            loss = out.loss * share
             if self._any_process(not torch.isfinite(loss)):  # a collective decision: DDP all-reduces in backward
                 finite = False
                 break
@@ -275,13 +292,19 @@ class Trainer:
         if self.tc.max_grad_norm > 0:
             self.acc.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)
         self.optimizer.step()
+        self._updated_this_step = True
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {k: sum(m[k] for m in metrics) / len(metrics) for k in metrics[0]}
 
     # ------------------------------------------------------------------------------------------------------ loop
     def fit(self) -> list[dict[str, float]]:
-        """Run to `train.steps`; Ctrl-C writes a checkpoint first. Returns the rows written by this call."""
+        """Run to `train.steps`. Returns the rows written by this call.
+
+        The first Ctrl-C lets the current step finish, writes a checkpoint and raises KeyboardInterrupt; a second one
+        (or any KeyboardInterrupt mid-step) stops at once, writing a checkpoint only if no update of the step has
+        happened yet — a checkpoint is always a step boundary, so --resume reproduces the uninterrupted run.
+        """
         writer = M.MetricsWriter(self.run.path, tensorboard=self.tc.tensorboard) if self.acc.is_main_process else None
         bar = None
         if self.progress and self.acc.is_main_process:
@@ -289,8 +312,10 @@ class Trainer:
 
             bar = tqdm(total=self.tc.steps, initial=self.step, desc="AIS-GRPO", unit="step")
         written = []
+        restore = self._install_sigint()
         try:
             while self.step < self.tc.steps:
+                self._updated_this_step = False
                 try:
                     row = self.train_step()
                 except StepSkipped as e:
@@ -307,22 +332,50 @@ class Trainer:
                     writer.write(row)
                 written.append(row)
                 self.step += 1
+                self._updated_this_step = False
                 if bar is not None:
                     bar.set_postfix(reward=f"{row[M.REWARD_MEAN]:.3f}", lam=f"{row[M.AIS_LAMBDA]:.3f}")
                     bar.update(1)
+                if self._stop_requested:
+                    raise KeyboardInterrupt
                 if self.tc.save_every and self.step % self.tc.save_every == 0 and self.step < self.tc.steps:
                     self.save()
         except KeyboardInterrupt:
-            path = self.save()
-            print(f"\ninterrupted: checkpoint written to {path}; continue with --resume", file=sys.stderr)
+            if self._updated_this_step:
+                latest = self.run.latest()
+                print(f"\ninterrupted during an update of step {self.step}: no checkpoint written (it would not be a "
+                      f"step boundary); the newest is {latest}", file=sys.stderr)
+            else:
+                path = self.save()
+                print(f"\ninterrupted: checkpoint written to {path}; continue with --resume", file=sys.stderr)
             raise
         finally:
+            restore()
             if bar is not None:
                 bar.close()
             if writer is not None:
                 writer.close()
         self.save()
         return written
+
+    def _install_sigint(self):
+        """First SIGINT sets a flag (stop after this step); the second raises at once. Returns the restorer."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = signal.getsignal(signal.SIGINT)
+
+        def handler(signum, frame):
+            if self._stop_requested:
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            print("\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to stop now)",
+                  file=sys.stderr)
+
+        signal.signal(signal.SIGINT, handler)
+        return lambda: signal.signal(signal.SIGINT, previous)
 
     def _any_process(self, flag: bool) -> bool:
         """True if `flag` holds on any process (the same answer everywhere)."""
@@ -341,14 +394,3 @@ class Trainer:
         out = dict(zip(keys, vals.tolist(), strict=True))
         out[M.STEP] = row[M.STEP]
         return out
-
-
-def _select(rollout, idx: torch.Tensor):
-    """The rows `idx` of a Rollout."""
-    from dataclasses import replace
-
-    return replace(rollout, prompt_ids=rollout.prompt_ids[idx], prompt_mask=rollout.prompt_mask[idx],
-                   completion_ids=rollout.completion_ids[idx], completion_mask=rollout.completion_mask[idx],
-                   commit_step=rollout.commit_step[idx],
-                   logp_rollout=None if rollout.logp_rollout is None else rollout.logp_rollout[idx])
-

@@ -162,3 +162,48 @@ def test_bad_input_errors(tmp_path):
         run_training(small_preset(data_path=str(bad), task_config={}), tmp_path / "c", progress=False)
     with pytest.raises(FileNotFoundError, match="holds no run"):
         run_training(small_preset(), tmp_path / "d", resume=True, progress=False)
+
+
+def test_ctrl_c_finishes_the_step_and_resume_reproduces(tmp_path, monkeypatch):
+    """A real SIGINT during step 1: the step completes, checkpoint step-2 is written, resume matches a whole run."""
+    fn = _reward_module(tmp_path, monkeypatch, (
+        "import os, signal\n"
+        "calls = []\n"
+        "def reward(prompts, completions, **cols):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 2:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return [float(len(c)) for c in completions]\n"))
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    reward_fn = fn.replace(":", "_whole:")
+    (tmp_path / f"{reward_fn.split(':')[0]}.py").write_text(
+        "def reward(prompts, completions, **cols):\n    return [float(len(c)) for c in completions]\n")
+    run_training(small_preset(steps=4, reward_fn=reward_fn), whole, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(small_preset(steps=4, reward_fn=fn), split, progress=False)
+    assert RunDir(split).latest().name == "step-000002"
+    assert [r[M.STEP] for r in M.read_metrics(split)] == [0, 1]
+    run_training(small_preset(), split, resume=True, progress=False)
+    assert _comparable(M.read_metrics(whole)) == _comparable(M.read_metrics(split))
+
+
+def test_gradient_accumulation_keeps_masks_shared_and_the_loss_scaled(tmp_path, monkeypatch):
+    """Micro-batches see the full batch's one-step masks (ratio exactly 1 at the first iteration: nothing clipped)
+    and are weighted by their token share (dapo) or sequence share (grpo): same training as one big batch."""
+    fn = _reward_module(tmp_path, monkeypatch, (  # graded, so advantages (and gradients) are not all zero
+        "def reward(prompts, completions, **cols):\n"
+        "    return [float(len(c)) for c in completions]\n"))
+    for loss_type in ("dapo", "grpo"):
+        weights = []
+        for acc in (1, 3):
+            p = small_preset(steps=2, gradient_accumulation_steps=acc, p_mask_prompt=0.5, reward_fn=fn)
+            p = replace(p, grpo=replace(p.grpo, num_iterations=1, loss_type=loss_type))
+            out = tmp_path / f"{loss_type}-{acc}"
+            run_training(p, out, progress=False)
+            rows = M.read_metrics(out)
+            assert all(r[M.LOSS_CLIP] == 0.0 for r in rows) and all(r[M.ADV_ZERO_STD] < 1 for r in rows)
+            weights.append(_final_weights(out))
+        start = load_file(str(out / "sft" / "model.safetensors"))
+        assert any(not torch.equal(start[k], weights[0][k]) for k in start)
+        for k in weights[0]:
+            torch.testing.assert_close(weights[1][k], weights[0][k], rtol=0, atol=2e-6, msg=f"{loss_type} {k}")
