@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from dllm_ais.atomic import atomic_write_text
 from dllm_ais.config import PRESETS, Preset, SamplerConfig, get_preset, override
 from dllm_ais.progress import progress_bar
 
@@ -60,20 +61,6 @@ def eval_sampler(preset: Preset, gen_length: int | None = None) -> SamplerConfig
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Evaluation
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same directory and os.replace."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _load_rows(task, split: str, data_path: str | None, limit: int | None, seed: int, task_config: dict | None):
@@ -159,8 +146,8 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         lines = [json.dumps({"index": i, "prompt": p, "completion": c, "reward": r, "completion_tokens": t,
                              **{k: v[i] for k, v in columns.items()}}, default=str)
                  for i, (p, c, r, t) in enumerate(zip(prompts, completions, rewards, lengths, strict=True))]
-        _atomic_write_text(out / "generations.jsonl", "\n".join(lines) + "\n")
-        _atomic_write_text(out / "scores.json", json.dumps(scores, indent=2, default=str) + "\n")
+        atomic_write_text(out / "generations.jsonl", "\n".join(lines) + "\n")
+        atomic_write_text(out / "scores.json", json.dumps(scores, indent=2, default=str) + "\n")
     return scores
 
 

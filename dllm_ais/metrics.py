@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from dllm_ais.atomic import atomic_write_text
+
 # Logged every training step (the trainer checks that each is present).
 STEP = "step"
 REWARD_MEAN = "reward/mean"
@@ -65,12 +67,7 @@ class MetricsWriter:
     def truncate_after(self, step: int) -> None:
         """Drop rows with step > `step` (rows written after the checkpoint a resumed run starts from)."""
         rows = read_metrics(self.path.parent)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
-            for row in rows:
-                if row[STEP] <= step:
-                    f.write(json.dumps(row) + "\n")
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in rows if row[STEP] <= step))
 
     def close(self) -> None:
         if self._tb is not None:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from dllm_ais import metrics as M
+from dllm_ais.atomic import atomic_file
 
 DEFAULT_KEYS = (M.REWARD_MEAN, M.AIS_LAMBDA, M.AIS_ESS, M.AIS_DIVERGENCE, M.MISMATCH_KL)
 """Metrics plotted by default: reward, AIS mixing coefficient λ, normalised ESS R, divergence D, mismatch KL."""
@@ -146,13 +147,8 @@ def plot_runs(run_dirs: list, out_png: str | os.PathLike | None = None, keys=DEF
 
     out = Path(out_png) if out_png is not None else paths[0] / "curves.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_file(out) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return out
 
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from dllm_ais.atomic import atomic_dir, atomic_write_text
 from dllm_ais.config import Preset
 
 MANIFEST = "manifest.json"
@@ -37,12 +36,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class RunDir:
@@ -70,12 +63,12 @@ class RunDir:
             raise FileExistsError(f"--out {self.path} already holds a run; pass --resume to continue it, or choose "
                                   "another --out.")
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(self.config_file, json.dumps(preset.to_dict(), indent=2))
+        atomic_write_text(self.config_file, json.dumps(preset.to_dict(), indent=2))
         return preset
 
     def update_config(self, preset: Preset) -> Preset:
         """Rewrite config.json (a resumed run whose step count changed)."""
-        _atomic_write_text(self.config_file, json.dumps(preset.to_dict(), indent=2))
+        atomic_write_text(self.config_file, json.dumps(preset.to_dict(), indent=2))
         return preset
 
     def latest(self) -> Path | None:
@@ -90,23 +83,15 @@ class RunDir:
 
     def save_checkpoint(self, step: int, write_model: Callable[[Path], None], state: dict) -> Path:
         """Write checkpoint `step-N`: `write_model(dir)` fills the model files, `state` goes to trainer_state.pt."""
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
         name = f"step-{step:06d}"
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=self.checkpoints))
-        try:
+        final = self.checkpoints / name
+        with atomic_dir(final) as tmp:
             write_model(tmp)
             torch.save(state, tmp / STATE)
             files = sorted(p for p in tmp.rglob("*") if p.is_file())
             manifest = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
             (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": manifest}, indent=2))
-            final = self.checkpoints / name
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        _atomic_write_text(self.checkpoints / "latest", name)
+        atomic_write_text(self.checkpoints / "latest", name)
         return final
 
     @staticmethod

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from dllm_ais.atomic import atomic_dir
 
 from .llada import LLaDAConfig, LLaDAModelLM
 
@@ -122,9 +123,7 @@ def save_llada(model: LLaDAModelLM, path: str | os.PathLike, tokenizer=None,
     (remote-code .py, tokenizer and generation configs) are copied so the output opens wherever the input did.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
+    with atomic_dir(path) as tmp:
         if source_dir is not None:
             for f in Path(source_dir).iterdir():
                 if f.is_file() and f.suffix in _PASSTHROUGH_SUFFIXES and f.name not in _WRITTEN_BY_US:
@@ -146,19 +145,4 @@ def save_llada(model: LLaDAModelLM, path: str | os.PathLike, tokenizer=None,
             total = sum(t.numel() * t.element_size() for t in state.values())
             (tmp / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                      indent=2))
-        _replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move the finished directory `src` to `dst`; an old `dst` is removed only after the new one is in place."""
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        os.replace(dst, old)
-    os.replace(src, dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

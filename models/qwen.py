@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from dllm_ais.atomic import atomic_dir
 
 from .load import resolve_checkpoint_dir
 from .tiny import BOS, PAD_EOS, tiny_tokenizer, tiny_vocab
@@ -132,27 +132,10 @@ def save_qwen(model: nn.Module, tokenizer, path: str | os.PathLike) -> Path:
     """Write `model` (safetensors, via save_pretrained) and `tokenizer` (if given) to `path`, atomically: everything
     goes to a temporary sibling directory first; an existing `path` is replaced only once the write succeeded."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
+    with atomic_dir(path) as tmp:
         model.save_pretrained(str(tmp))
         if not any(tmp.glob("*.safetensors")):
             raise RuntimeError(f"save_pretrained wrote no .safetensors file into {tmp}")
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        _replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename src to dst; an existing dst is moved aside first and deleted only after the rename."""
-    old = None
-    if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
-        os.replace(dst, old / dst.name)
-    os.replace(src, dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
