@@ -274,18 +274,20 @@ class FP8Linear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features, dtype=torch.bfloat16, device=device) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, backend: str = "torch", *, name: str = "FP8Linear") -> FP8Linear:
-        """Quantise an nn.Linear (on its device, which `backend` must support)."""
-        check_backend(backend, linear.weight.device)
+    def from_linear(cls, linear: nn.Module, backend: str = "torch", *, name: str = "FP8Linear") -> FP8Linear:
+        """Quantise an nn.Linear, or a peft LoRA layer around one (adapters merged as effective_weight does; the module
+        is not modified), on its device, which `backend` must support."""
+        base = _base_linear(linear)
+        check_backend(backend, base.weight.device)
         layer = cls(
-            linear.in_features,
-            linear.out_features,
-            linear.bias is not None,
+            base.in_features,
+            base.out_features,
+            base.bias is not None,
             backend=backend,
-            device=linear.weight.device,
+            device=base.weight.device,
             name=name,
         )
-        layer.load_weight_(linear.weight, linear.bias)
+        layer.load_weight_(*effective_weight(linear))
         return layer
 
     @torch.no_grad()
@@ -464,17 +466,7 @@ def quantize_model(
 
     rollout = copy.deepcopy(model, _copy_memo(model, list(targets)))
     for name, module in targets.items():
-        linear = _base_linear(module)
-        layer = FP8Linear(
-            linear.in_features,
-            linear.out_features,
-            linear.bias is not None,
-            backend=backend,
-            device=linear.weight.device,
-            name=name,
-        )
-        layer.load_weight_(*effective_weight(module))
-        _set_submodule(rollout, name, layer)
+        _set_submodule(rollout, name, FP8Linear.from_linear(module, backend, name=name))
     rollout.requires_grad_(False)
     return rollout.eval()
 
