@@ -5,11 +5,12 @@ Rows: ``prompt``, ``problem``, ``answer`` (LaTeX, e.g. ``\\frac{1}{2}``), ``subj
 
 Reward: the prediction is the last ``\\boxed{}`` inside the ``<answer>`` span (else the span's text, else the last
 ``\\boxed{}`` anywhere); no final answer -> 0.0. Gold (``$answer$``) and prediction are parsed and compared by
-``math_verify`` (symbolic/numeric equivalence: ``\\boxed{0.5}`` matches ``\\frac{1}{2}``), imported lazily. Nothing
-is ever ``eval``-ed. In the main thread each parse/compare runs under math-verify's own ``signal.alarm`` timeout
-(``TIMEOUT_S``); in other threads signals are unavailable, so it runs without a timeout (answers are capped at
-``MAX_ANSWER_CHARS`` to bound the work). Any parse failure, timeout or error scores 0.0; math-verify's log messages are
-not printed.
+``math_verify`` (symbolic/numeric equivalence: ``\\boxed{0.5}`` matches ``\\frac{1}{2}``), imported lazily. This
+module evaluates nothing itself; math-verify's own expression parsing goes through sympy (``parse_expr``) on strings
+its extraction regexes have restricted to maths. In the main thread each parse/compare runs under math-verify's own
+``signal.alarm`` timeout (``TIMEOUT_S``); in other threads signals are unavailable, so it runs without a timeout
+(answers are capped at ``MAX_ANSWER_CHARS`` to bound the work). Any parse failure, timeout or error scores 0.0;
+math-verify's log messages are not printed.
 """
 
 from __future__ import annotations
