@@ -227,7 +227,7 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset("tiny-cpu", "Tiny built-in LLaDA on CPU: SFT warm-up on arith, then AIS-GRPO with FP8 rollouts.",
                ModelConfig(), SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0),
-               TrainConfig(task="arith", task_config={"max_operand": 9}, steps=200, prompts_per_step=8,
+               TrainConfig(task="arith", task_config={"max_operand": 9}, steps=300, prompts_per_step=16,
                            learning_rate=3e-4, sft_steps=300, mismatch_num_draws=4),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
                           max_completion_length=4, num_iterations=2)),
