@@ -100,6 +100,7 @@ class Trainer:
     def __init__(self, preset: Preset, policy: Policy, run: RunDir, reward_fn, rows: list[dict],
                  accelerator=None, progress: bool = True):
         from accelerate import Accelerator
+        from accelerate.utils import DistributedType
 
         self.cfg = preset
         self.tc = preset.train
@@ -109,8 +110,6 @@ class Trainer:
         self.rows = rows
         self.progress = progress
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
-        from accelerate.utils import DistributedType
-
         if self.acc.distributed_type == DistributedType.FSDP and self.tc.rollout_precision == "fp8":
             raise ValueError("FP8 rollouts under FSDP are not supported yet (the FP8 copy needs the full, unsharded "
                              "weights); use DDP (distributed_type: MULTI_GPU) with LoRA, or --rollout-precision bf16.")
