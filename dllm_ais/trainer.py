@@ -22,20 +22,21 @@ from dllm_ais.backend import Backend
 from dllm_ais.config import Preset
 from dllm_ais.correction import correct
 from dllm_ais.grpo import grpo_loss
+from dllm_ais.models.load import encode_prompts
 from dllm_ais.run_dir import RunDir
 
 TOKEN_MEAN_LOSSES = ("bnpo", "dapo")
 """GRPO loss types normalised by the number of counted tokens (micro-batches are weighted by their token share)."""
 
 
-def step_generator(seed: int, step: int, purpose: str, device: str | torch.device = "cpu") -> torch.Generator:
-    """A generator for one purpose at one step, independent of everything that ran before."""
-    key = zlib.crc32(f"{seed}/{step}/{purpose}".encode())
-    return torch.Generator(device=device).manual_seed(key)
-
-
 def step_seed(seed: int, step: int, purpose: str) -> int:
+    """A seed for one purpose at one step, independent of everything that ran before."""
     return zlib.crc32(f"{seed}/{step}/{purpose}".encode())
+
+
+def step_generator(seed: int, step: int, purpose: str, device: str | torch.device = "cpu") -> torch.Generator:
+    """A generator seeded with `step_seed(seed, step, purpose)`."""
+    return torch.Generator(device=device).manual_seed(step_seed(seed, step, purpose))
 
 
 @dataclass
@@ -64,18 +65,14 @@ def _batch_rows(rows: list[dict], step: int, per_step: int, rank: int, world: in
     """Prompts of `step` for process `rank`: a fresh seeded permutation per epoch, consumed in order."""
     n = len(rows)
     start = (step * world + rank) * per_step
+    perms: dict[int, list[int]] = {}  # one permutation per epoch the step touches (at most two)
     out = []
     for i in range(start, start + per_step):
         epoch, j = divmod(i, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        out.append(rows[int(perm[j])])
+        if epoch not in perms:
+            perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+        out.append(rows[perms[epoch][j]])
     return out
-
-
-def _encode(tokenizer, prompts: list[str], chat: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
-    from dllm_ais.models.load import encode_prompts
-
-    return encode_prompts(tokenizer, prompts, chat=chat, device=device)
 
 
 def compute_rewards(reward_fn, prompts: list[str], completions: list[str], rows: list[dict]) -> torch.Tensor:
@@ -199,7 +196,7 @@ class Trainer:
                            tc.seed)
         rows = [r for r in rows for _ in range(G)]  # each prompt's G generations contiguous
         prompts = [r["prompt"] for r in rows]
-        ids, mask = _encode(self.policy.tokenizer, prompts, self.policy.use_chat_template, device)
+        ids, mask = encode_prompts(self.policy.tokenizer, prompts, chat=self.policy.use_chat_template, device=device)
         self.master.eval()
         rollout = backend.sample(self.rollout_model, ids, mask, step_generator(tc.seed, step, "sample", device))
         t_roll = time.perf_counter() - t0
