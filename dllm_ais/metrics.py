@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from dllm_ais.atomic import atomic_write_text
@@ -21,6 +22,11 @@ MISMATCH_KL = "mismatch/kl"
 MISMATCH_K3 = "mismatch/k3"
 LOSS_POLICY = "loss/policy"
 LOSS_CLIP = "loss/clip_frac"
+LOSS_CLIP_LOW = "loss/clip_frac_low"
+LOSS_CLIP_HIGH = "loss/clip_frac_high"
+LOSS_KL = "loss/kl"
+AIS_LOG_W_MIN = "ais/log_w_min"
+AIS_LOG_W_MAX = "ais/log_w_max"
 ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 ROLLOUT_STEPS = "rollout/steps"
 ROLLOUT_GEN_LEN = "rollout/gen_len"
@@ -31,6 +37,29 @@ REQUIRED_STEP_METRICS = (
     STEP, REWARD_MEAN, ADV_ZERO_STD, AIS_LAMBDA, AIS_ESS, AIS_DIVERGENCE, AIS_VAR_AMP, AIS_TRUNC, MISMATCH_KL,
     MISMATCH_K3, LOSS_POLICY, LOSS_CLIP, ROLLOUT_TOKENS_PER_S, ROLLOUT_STEPS, ROLLOUT_GEN_LEN, SKIPPED_STEPS,
 )
+
+
+REDUCTIONS: dict[str, str] = {AIS_LOG_W_MIN: "min", AIS_LOG_W_MAX: "max"}
+"""How a metric combines over processes when it is not already global: min, max; every other metric is averaged
+(`mean`). The AIS diagnostics are computed over the global batch, so they agree on every rank anyway."""
+
+
+def reduction(key: str) -> str:
+    """`min`, `max` or `mean`: how `key` combines over processes."""
+    return REDUCTIONS.get(key, "mean")
+
+
+def reduce_row(row: dict[str, float], reduce: Callable[[list[float], str], list[float]]) -> dict[str, float]:
+    """Combine one step's metrics over processes: `reduce(values, kind)` reduces a list of this process's values
+    elementwise over processes by `kind` (one collective per kind; called in the same order on every process).
+    The step number is kept as is."""
+    out: dict[str, float] = {}
+    for kind in ("mean", "min", "max"):
+        keys = sorted(k for k in row if k != STEP and reduction(k) == kind)
+        if keys:
+            out.update(zip(keys, reduce([float(row[k]) for k in keys], kind), strict=True))
+    out[STEP] = row[STEP]
+    return {k: out[k] for k in row}
 
 
 def reward_key(task: str) -> str:

@@ -7,6 +7,7 @@ uninterrupted one. Distributed runs come from `accelerate launch` (DDP/FSDP from
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import time
@@ -20,13 +21,24 @@ from dllm_ais import metrics as M
 from dllm_ais.advantages import group_advantages
 from dllm_ais.backend import Backend
 from dllm_ais.config import Preset
-from dllm_ais.correction import correct
+from dllm_ais.distributed import correct_global, global_sum
 from dllm_ais.grpo import grpo_loss
+from dllm_ais.master_weights import MasterWeights
 from dllm_ais.models.load import encode_prompts
 from dllm_ais.run_dir import RunDir
 
 TOKEN_MEAN_LOSSES = ("bnpo", "dapo")
-"""GRPO loss types normalised by the number of counted tokens (micro-batches are weighted by their token share)."""
+"""GRPO loss types normalised by the number of counted tokens of the global batch, as TRL does (every micro-batch
+of every process is weighted by its share of the tokens of all processes)."""
+
+
+def generated_tokens(rollout) -> int:
+    """Tokens the sampler generated: an autoregressive sampler (one that records `logp_rollout`) stops each row at its
+    stop token and pads the rest (its counted tokens, the stop token included, are what it generated); a diffusion
+    sampler fills every completion position of the canvas."""
+    if rollout.logp_rollout is not None:
+        return int(rollout.completion_mask.sum())
+    return rollout.completion_ids.numel()
 
 
 def step_seed(seed: int, step: int, purpose: str) -> int:
@@ -107,22 +119,34 @@ class Trainer:
         self.rows = rows
         self.progress = progress
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
-        if self.acc.distributed_type == DistributedType.FSDP and self.tc.rollout_precision == "fp8":
-            raise ValueError("FP8 rollouts under FSDP are not supported yet (the FP8 copy needs the full, unsharded "
-                             "weights); use DDP (distributed_type: MULTI_GPU) with LoRA, or --rollout-precision bf16.")
+        self.fsdp = self.acc.distributed_type == DistributedType.FSDP
         model = policy.model
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=self.tc.learning_rate, weight_decay=self.tc.weight_decay)
+        # 16-bit parameters (bf16 full fine-tuning) get fp32 master copies: AdamW updates those, the model computes in
+        # bf16. Under FSDP the sharded parameters are the master: load fp32 and let FSDP's mixed precision cast.
+        self.master_weights = MasterWeights(params) if MasterWeights.needed(params) else None
+        if self.master_weights is not None and self.fsdp:
+            raise ValueError("FSDP with 16-bit parameters would update them in 16 bits (small updates are lost); load "
+                             "the model in float32 (ModelConfig.dtype / --dtype float32) and set accelerate's "
+                             "mixed_precision: bf16, so that FSDP keeps fp32 sharded master weights.")
+        opt_params = params if self.master_weights is None else self.master_weights.master
+        self.optimizer = torch.optim.AdamW(opt_params, lr=self.tc.learning_rate, weight_decay=self.tc.weight_decay)
         warm = self.tc.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
+        # Under FSDP the FP8 copy is made from the full weights before they are sharded (afterwards only sync).
+        rollout_first = self.fsdp and self.tc.rollout_precision != "bf16"
+        if rollout_first:
+            self.model = model
+            self.rollout_model = self._make_rollout_model()
         # The scheduler stays unprepared: accelerate would step it once per process per update.
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         self.ref_model = None
         if preset.grpo.beta > 0 and not self._is_peft():
             self.ref_model = copy.deepcopy(self.master).eval().requires_grad_(False)
-        self.rollout_model = self._make_rollout_model()
+        if not rollout_first:
+            self.rollout_model = self._make_rollout_model()
         self.step = 0
         self.prev_lam = None
         self.skipped = 0
@@ -147,6 +171,11 @@ class Trainer:
 
     def _sync_rollout(self) -> None:
         if self.rollout_model is not self.master:
+            if self.fsdp:  # sharded master: gather one layer's full weights at a time
+                from dllm_ais.fsdp_sync import sync_weights_sharded
+
+                sync_weights_sharded(self.master, self.rollout_model)
+                return
             from dllm_ais.fp8.linear import sync_weights
 
             sync_weights(self.master, self.rollout_model)
@@ -164,6 +193,8 @@ class Trainer:
         state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "prev_lam": None if self.prev_lam is None else float(self.prev_lam), "skipped": self.skipped,
                  "reward_errors": self.reward_errors}
+        if self.master_weights is not None:
+            state["master_weights"] = self.master_weights.state_dict()
         return self.run.save_checkpoint(self.step, lambda d: self.policy.save_model(self.master, d), state)
 
     def resume(self) -> None:
@@ -180,6 +211,8 @@ class Trainer:
         self.step = state["step"]
         self.prev_lam = None if state["prev_lam"] is None else torch.tensor(state["prev_lam"])
         self.skipped, self.reward_errors = state["skipped"], state["reward_errors"]
+        if self.master_weights is not None:
+            self.master_weights.load_state_dict(state["master_weights"])
         self._sync_rollout()
         if self.acc.is_main_process:
             M.MetricsWriter(self.run.path).truncate_after(self.step - 1)
@@ -198,12 +231,13 @@ class Trainer:
         prompts = [r["prompt"] for r in rows]
         ids, mask = encode_prompts(self.policy.tokenizer, prompts, chat=self.policy.use_chat_template, device=device)
         self.master.eval()
+        t_sample = time.perf_counter()  # tokenisation is not rollout time
         rollout = backend.sample(self.rollout_model, ids, mask, step_generator(tc.seed, step, "sample", device))
-        t_roll = time.perf_counter() - t0
+        t_roll = time.perf_counter() - t_sample
         n_tokens = int(rollout.completion_mask.sum())
-        row.update({M.ROLLOUT_TOKENS_PER_S: rollout.completion_ids.numel() / max(t_roll, 1e-9),
+        row.update({M.ROLLOUT_TOKENS_PER_S: generated_tokens(rollout) / max(t_roll, 1e-9),
                     M.ROLLOUT_STEPS: rollout.num_steps, M.ROLLOUT_GEN_LEN: n_tokens / len(rows),
-                    M.time_key("rollout"): t_roll})
+                    M.time_key("rollout"): time.perf_counter() - t0})
 
         tok = self.policy.tokenizer
         texts = [tok.decode(c[k], skip_special_tokens=True)
@@ -225,7 +259,8 @@ class Trainer:
         with torch.no_grad():
             log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout,
                                            step_generator(tc.seed, step, "mismatch", device), level)
-        corr = correct(log_w, adv, rollout.completion_mask, cfg.correction, prev_lam=self.prev_lam)
+        # over the rows of every process: λ is the global batch's, identical on every rank
+        corr = correct_global(self.acc, log_w, adv, rollout.completion_mask, cfg.correction, prev_lam=self.prev_lam)
         row.update(corr.metrics())
         row[M.time_key("mismatch")] = time.perf_counter() - t1
 
@@ -241,11 +276,10 @@ class Trainer:
             if out is not None:
                 losses.append(out)
         row[M.time_key("update")] = time.perf_counter() - t2
-        for key in (M.LOSS_POLICY, M.LOSS_CLIP, "loss/kl"):
-            vals = [m[key] for m in losses if key in m]
+        keys = (M.LOSS_POLICY, M.LOSS_CLIP, M.LOSS_CLIP_LOW, M.LOSS_CLIP_HIGH) + ((M.LOSS_KL,) if cfg.grpo.beta else ())
+        for key in dict.fromkeys(keys + tuple(k for m in losses for k in m)):  # the loss's keys, in a stable order
+            vals = [m[key] for m in losses if key in m]  # mean over the step's updates (num_iterations)
             row[key] = sum(vals) / len(vals) if vals else float("nan")
-        if cfg.grpo.beta == 0:
-            row.pop("loss/kl")
         if torch.isfinite(corr.lam):  # a NaN λ must not poison the EMA of every later step
             self.prev_lam = corr.lam
         t3 = time.perf_counter()
@@ -259,39 +293,56 @@ class Trainer:
         cfg, backend = self.cfg, self.policy.backend
         self.model.train()
         B = adv.shape[0]
-        chunks = torch.arange(B, device=adv.device).tensor_split(self.tc.gradient_accumulation_steps)
+        chunks = [c for c in torch.arange(B, device=adv.device).tensor_split(self.tc.gradient_accumulation_steps)
+                  if c.numel()]
         mask = rollout.completion_mask
         token_mean = cfg.grpo.loss_type in TOKEN_MEAN_LOSSES
-        metrics: list[dict[str, float]] = []
+        # token-mean losses divide by the global batch's token count (TRL): this process's loss is its token sum
+        # over (global tokens / processes), so that the average DDP takes over processes is the global token mean
+        tokens_per_process = global_sum(self.acc, mask.sum()).clamp(min=1) / self.acc.num_processes
+        metrics: dict[str, float] = {}
         finite = True
-        for idx in chunks:
-            if idx.numel() == 0:
-                continue
+        for i, idx in enumerate(chunks):
             logp = backend.token_logp(self.model, rollout, seed, rows=idx)
             out = grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo,
                             weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx])
             # Each chunk's loss is a mean over its sequences (grpo, dr_grpo) or its tokens (bnpo, dapo); weight it by
             # its share of the batch's sequences or tokens, so the sum equals the full-batch loss.
-            share = (mask[idx].sum() / mask.sum().clamp(min=1)) if token_mean else idx.numel() / B
+            share = (mask[idx].sum() / tokens_per_process) if token_mean else idx.numel() / B
             loss = out.loss * share
             if self._any_process(not torch.isfinite(loss)):  # a collective decision: DDP all-reduces in backward
                 finite = False
                 break
-            self.acc.backward(loss)
-            metrics.append(out.metrics())
+            # DDP all-reduces the gradients in the last micro-batch's backward only
+            sync = contextlib.nullcontext() if i == len(chunks) - 1 else self.acc.no_sync(self.model)
+            with sync:
+                self.acc.backward(loss)
+            for key, value in out.metrics().items():  # logged exactly as the loss is weighted
+                metrics[key] = metrics.get(key, 0.0) + value * float(share)
         grads_ok = finite and not self._any_process(not all(p.grad is None or torch.isfinite(p.grad).all()
                                                             for p in self.model.parameters() if p.requires_grad))
         if not grads_ok:
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             self.skipped += 1
             return None
+        trained = self.model.parameters()
+        if self.master_weights is not None:
+            self.master_weights.grads_to_master()  # fp32 copies of the gradients: clip and step in fp32
+            trained = self.master_weights.master
         if self.tc.max_grad_norm > 0:
-            self.acc.clip_grad_norm_(self.model.parameters(), self.tc.max_grad_norm)
+            self.acc.clip_grad_norm_(trained, self.tc.max_grad_norm)
         self.optimizer.step()
+        if self.master_weights is not None:
+            self.master_weights.master_to_model()
         self._updated_this_step = True
         self.scheduler.step()
+        self._zero_grad()
+        return metrics
+
+    def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        return {k: sum(m[k] for m in metrics) / len(metrics) for k in metrics[0]}
+        if self.master_weights is not None:  # the optimizer holds the fp32 masters, not the model's parameters
+            self.model.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------------------------------------------ loop
     def fit(self) -> list[dict[str, float]]:
@@ -381,12 +432,16 @@ class Trainer:
         return bool(self.acc.reduce(t, reduction="sum").item() > 0)
 
     def _reduce(self, row: dict[str, float]) -> dict[str, float]:
-        """Average every metric over processes (identical on one process)."""
+        """Combine every metric over processes by its kind (metrics.REDUCTIONS: min, max, else mean)."""
         if self.acc.num_processes == 1:
             return row
-        keys = sorted(row)
-        vals = torch.tensor([float(row[k]) for k in keys], dtype=torch.float64, device=self.acc.device)
-        vals = self.acc.reduce(vals, reduction="mean")
-        out = dict(zip(keys, vals.tolist(), strict=True))
-        out[M.STEP] = row[M.STEP]
-        return out
+        import torch.distributed as dist
+
+        ops = {"mean": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+        def reduce(values: list[float], kind: str) -> list[float]:
+            t = torch.tensor(values, dtype=torch.float64, device=self.acc.device)
+            dist.all_reduce(t, op=ops[kind])
+            return (t / self.acc.num_processes if kind == "mean" else t).tolist()
+
+        return M.reduce_row(row, reduce)
