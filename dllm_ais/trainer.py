@@ -303,19 +303,20 @@ class Trainer:
         metrics: dict[str, float] = {}
         finite = True
         for i, idx in enumerate(chunks):
-            logp = backend.token_logp(self.model, rollout, seed, rows=idx)
-            out = grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo,
-                            weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx])
-            # Each chunk's loss is a mean over its sequences (grpo, dr_grpo) or its tokens (bnpo, dapo); weight it by
-            # its share of the batch's sequences or tokens, so the sum equals the full-batch loss.
-            share = (mask[idx].sum() / tokens_per_process) if token_mean else idx.numel() / B
-            loss = out.loss * share
-            if self._any_process(not torch.isfinite(loss)):  # a collective decision: DDP all-reduces in backward
-                finite = False
-                break
-            # DDP all-reduces the gradients in the last micro-batch's backward only
+            # DDP all-reduces the gradients in the last micro-batch's backward only (no_sync has to cover the
+            # forward: DDP decides there whether the backward synchronises)
             sync = contextlib.nullcontext() if i == len(chunks) - 1 else self.acc.no_sync(self.model)
             with sync:
+                logp = backend.token_logp(self.model, rollout, seed, rows=idx)
+                out = grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo,
+                                weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx])
+                # Each chunk's loss is a mean over its sequences (grpo, dr_grpo) or its tokens (bnpo, dapo); weight it
+                # by its share of the batch's sequences or tokens, so the sum equals the full-batch loss.
+                share = (mask[idx].sum() / tokens_per_process) if token_mean else idx.numel() / B
+                loss = out.loss * share
+                if self._any_process(not torch.isfinite(loss)):  # a collective decision: DDP all-reduces in backward
+                    finite = False
+                    break
                 self.acc.backward(loss)
             for key, value in out.metrics().items():  # logged exactly as the loss is weighted
                 metrics[key] = metrics.get(key, 0.0) + value * float(share)

@@ -12,7 +12,7 @@ import dllm_ais.trainer as trainer_module
 from dllm_ais import metrics as M
 from dllm_ais.config import get_preset
 from dllm_ais.run_dir import CheckpointCorrupt, RunDir
-from dllm_ais.train_job import run_training
+from dllm_ais.train_job import family, run_training
 
 TIMING_KEYS = ("time/", "rollout/tokens_per_s")
 
@@ -194,7 +194,7 @@ def test_gradient_accumulation_keeps_masks_shared_and_the_loss_scaled(tmp_path, 
         "def reward(prompts, completions, **cols):\n"
         "    return [float(len(c)) for c in completions]\n"))
     for loss_type in ("dapo", "grpo"):
-        weights = []
+        weights, logged = [], []
         for acc in (1, 3):
             p = small_preset(steps=2, gradient_accumulation_steps=acc, p_mask_prompt=0.5, reward_fn=fn)
             p = replace(p, grpo=replace(p.grpo, num_iterations=1, loss_type=loss_type))
@@ -202,8 +202,81 @@ def test_gradient_accumulation_keeps_masks_shared_and_the_loss_scaled(tmp_path, 
             run_training(p, out, progress=False)
             rows = M.read_metrics(out)
             assert all(r[M.LOSS_CLIP] == 0.0 for r in rows) and all(r[M.ADV_ZERO_STD] < 1 for r in rows)
+            assert all(k in r for r in rows for k in (M.LOSS_CLIP_LOW, M.LOSS_CLIP_HIGH)), "every key of the loss"
             weights.append(_final_weights(out))
+            logged.append([r[M.LOSS_POLICY] for r in rows])
+        # the logged loss is the optimised one: micro-batches weighted like the loss (not a plain mean of them)
+        assert any(abs(v) > 1e-4 for v in logged[0])
+        for whole, micro in zip(*logged, strict=True):
+            assert math.isclose(whole, micro, rel_tol=1e-5, abs_tol=1e-7), (loss_type, logged)
         start = load_file(str(out / "sft" / "model.safetensors"))
         assert any(not torch.equal(start[k], weights[0][k]) for k in start)
         for k in weights[0]:
             torch.testing.assert_close(weights[1][k], weights[0][k], rtol=0, atol=2e-6, msg=f"{loss_type} {k}")
+
+
+def test_generated_tokens_count_what_the_sampler_generated():
+    from dllm_ais.types import Rollout
+
+    ids = torch.zeros(3, 5, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    common = dict(prompt_ids=ids[:, :2], prompt_mask=torch.ones(3, 2, dtype=torch.bool), completion_ids=ids,
+                  completion_mask=mask, commit_step=ids, num_steps=5)
+    ar = Rollout(**common, logp_rollout=torch.zeros(3, 5))
+    assert trainer_module.generated_tokens(ar) == 8, "AR rows stop at their stop token: the rest is padding"
+    assert trainer_module.generated_tokens(Rollout(**common)) == 15, "diffusion fills every canvas position"
+
+
+def test_tokens_per_s_excludes_tokenisation(tmp_path, monkeypatch):
+    """Tokenising the prompts takes 2 s here; rollout/tokens_per_s times the sampler only (4 tiny forwards)."""
+    real = trainer_module.encode_prompts
+
+    def slow_encode(*args, **kwargs):
+        import time
+
+        time.sleep(2.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "encode_prompts", slow_encode)
+    run_training(small_preset(steps=1, sft_steps=0), tmp_path / "run", progress=False)
+    (row,) = M.read_metrics(tmp_path / "run")
+    generated = 2 * 4 * 4  # prompts x generations x gen_length: the diffusion sampler fills every position
+    assert row[M.ROLLOUT_TOKENS_PER_S] > generated / 2.0, row[M.ROLLOUT_TOKENS_PER_S]
+    assert row[M.time_key("rollout")] >= 2.0, "the step's rollout phase (tokenisation included) is still timed"
+
+
+def test_bf16_full_fine_tuning_keeps_fp32_master_weights(tmp_path, monkeypatch):
+    """lr 1e-6 on N(0, 0.02)-scale bf16 weights is below bf16's resolution: the fp32 masters move, the resume
+    restores them (the run equals the uninterrupted one), and the optimizer never holds a bf16 tensor."""
+    fn = _reward_module(tmp_path, monkeypatch, (  # graded, so advantages (and gradients) are not all zero
+        "def reward(prompts, completions, **cols):\n"
+        "    return [float(len(c)) for c in completions]\n"))
+
+    def preset(steps):
+        p = small_preset(steps=steps, sft_steps=0, learning_rate=1e-6, reward_fn=fn)
+        return replace(p, model=replace(p.model, dtype="bfloat16"))
+
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    trainer = run_training(preset(2), whole, progress=False)
+    assert trainer.master_weights is not None
+    opt_params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    assert opt_params and all(p.dtype == torch.float32 for p in opt_params)
+    names = [n for n, p in trainer.master.named_parameters() if p.requires_grad]
+    model_params = [p for p in trainer.master.parameters() if p.requires_grad]
+    assert all(p.dtype == torch.bfloat16 for p in model_params)
+    init_model, _ = family("llada").load(preset(2).model)  # the same seeded initial bf16 weights
+    init = dict(init_model.named_parameters())
+    total = sum(p.numel() for p in model_params)
+    moved_master = sum(int((m != init[n].float()).sum())
+                       for n, m in zip(names, trainer.master_weights.master, strict=True))
+    moved_bf16 = sum(int((p != init[n]).sum()) for n, p in zip(names, model_params, strict=True))
+    assert moved_master > 0.5 * total, f"the masters carry the sub-resolution updates: {moved_master}/{total}"
+    assert moved_bf16 < 0.5 * moved_master, f"most updates are below bf16's resolution: {moved_bf16}/{total}"
+    state = RunDir.load_state(RunDir(whole).latest())
+    assert len(state["master_weights"]) == len(model_params)
+
+    run_training(preset(1), split, progress=False)
+    resumed = run_training(preset(2), split, resume=True, progress=False, steps=2)
+    for a, b in zip(trainer.master_weights.master, resumed.master_weights.master, strict=True):
+        assert torch.equal(a, b)
+    assert _comparable(M.read_metrics(whole)) == _comparable(M.read_metrics(split))
