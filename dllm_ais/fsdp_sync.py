@@ -37,13 +37,6 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def is_sharded(model: nn.Module) -> bool:
-    """True when some parameter of `model` is a DTensor (FSDP2)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 @contextlib.contextmanager
 def gathered(module: nn.Module) -> Iterator[nn.Module]:
     """Within the block, every DTensor parameter of `module` (recursively) is replaced by its full tensor (detached);

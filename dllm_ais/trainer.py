@@ -120,6 +120,10 @@ class Trainer:
         self.progress = progress
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
         self.fsdp = self.acc.distributed_type == DistributedType.FSDP
+        if self.fsdp and self.tc.rollout_precision != "bf16" and not getattr(self.acc, "is_fsdp2", False):
+            raise ValueError("FP8 rollouts under FSDP need FSDP2 (its DTensor shards are gathered one layer at a "
+                             "time into the FP8 copy); set fsdp_version: 2 in accelerate's fsdp_config, or use "
+                             "--rollout-precision bf16.")
         model = policy.model
         params = [p for p in model.parameters() if p.requires_grad]
         # 16-bit parameters (bf16 full fine-tuning) get fp32 master copies: AdamW updates those, the model computes in
