@@ -78,8 +78,9 @@ def _forward_scaled_mm(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
 def _forward_torchao(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
     from . import kernels
 
-    xq, xs = kernels.quantize_act(x)  # [M, K], [M, G]
-    return torchao_blockwise_gemm()(xq, xs, layer.weight_q, layer.weight_scale)  # [M, N] bf16
+    xq, xs = kernels.quantize_act(x)  # [M, K], [M, G] K-major
+    # torchao's kernel indexes a_s as a contiguous [M, G]
+    return torchao_blockwise_gemm()(xq, xs.contiguous(), layer.weight_q, layer.weight_scale)  # [M, N] bf16
 
 
 @functools.cache
