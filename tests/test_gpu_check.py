@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -97,9 +98,13 @@ def test_bench_fp8_gemm_smoke_rows(tmp_path):
     _script("bench_fp8").main(["--smoke", "--bench", "gemm", "--out", str(out)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     by_backend = {(r["backend"], r["metric"], r["shape"]["N"], r["shape"]["K"]): r for r in rows}
+    # --smoke runs on CPU tensors: the Triton rows need the interpreter, which conftest sets only on a CUDA-less machine
+    triton_here = os.environ.get("TRITON_INTERPRET") == "1"
     for N, K in [(128, 128), (384, 128), (128, 384)]:
-        assert by_backend[("fp8_triton_gemm_128x256", "tflops", N, K)]["status"] == "ok"
-        assert by_backend[("fp8_triton_gemm_128x256_persistent", "tflops", N, K)]["status"] == "ok"
+        for variant in ("fp8_triton_gemm", "fp8_triton_gemm_128x256", "fp8_triton_gemm_128x256_persistent"):
+            assert by_backend[(variant, "tflops", N, K)]["status"] == ("ok" if triton_here else "skipped")
+        if not triton_here:
+            continue
         cublas = by_backend[("fp8_cublas_blockwise", "tflops", N, K)]
         if cublas["status"] == "skipped":
             assert "blockwise" in cublas["reason"]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -129,15 +130,35 @@ def _cublas_fits(layer: FP8Linear) -> bool:
     return layer.in_features % quant.BLOCK == 0 and layer.out_features % quant.BLOCK == 0
 
 
-def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
-    """xq [M, K] e4m3, xs [M, G] fp32 (either layout) -> y [M, N] bf16 via torch._scaled_mm's blockwise mode."""
-    if not _cublas_fits(layer):
-        from . import kernels
+_CUBLAS_REJECTED: set[tuple[str, int, int, int]] = set()  # (device, M, N, K) that torch._scaled_mm refused
 
-        return kernels.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale)
-    return torch._scaled_mm(
-        xq, layer.weight_q.t(), scale_a=_outer_dim_major(xs), scale_b=layer.weight_scale.t(), out_dtype=torch.bfloat16
-    )
+
+def cublas_fallbacks() -> set[tuple[str, int, int, int]]:
+    """(device, M, N, K) shapes at which cuBLAS's blockwise mode raised and the Triton GEMM ran instead (a copy)."""
+    return set(_CUBLAS_REJECTED)
+
+
+def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+    """xq [M, K] e4m3, xs [M, G] fp32 (either layout) -> y [M, N] bf16 via torch._scaled_mm's blockwise mode.
+
+    Layers that are not whole 128-blocks, and shapes cuBLAS rejects (the blockwise mode's constraints on M are not
+    documented; verified at LLaDA-8B shapes), run the Triton GEMM; rejected shapes are remembered (cublas_fallbacks())
+    and a warning names the first one."""
+    key = (str(xq.device), xq.shape[0], layer.out_features, layer.in_features)
+    if _cublas_fits(layer) and key not in _CUBLAS_REJECTED:
+        try:
+            return torch._scaled_mm(
+                xq, layer.weight_q.t(), scale_a=_outer_dim_major(xs), scale_b=layer.weight_scale.t(),
+                out_dtype=torch.bfloat16,
+            )  # fmt: skip
+        except RuntimeError as e:
+            if not _CUBLAS_REJECTED:
+                warnings.warn(f"cublas backend: torch._scaled_mm rejected M, N, K = {key[1:]} ({e}); running the "
+                              "Triton GEMM for such shapes (see cublas_fallbacks())", stacklevel=2)  # fmt: skip
+            _CUBLAS_REJECTED.add(key)
+    from . import kernels
+
+    return kernels.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale)
 
 
 def _forward_cublas(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
