@@ -177,7 +177,7 @@ def test_gemm_gpu_llada_like_shape(layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("M", "N", "K"), [(8192, 4096, 4096), (300, 12288, 4096), (77, 4096, 12288 + 128)])
+@pytest.mark.parametrize(("M", "N", "K"), [(8192, 4096, 4096), (300, 12288, 4096), (77, 4096, 12288 + 64)])  # ragged K
 def test_gemm_gpu_tma_and_pointer_paths_agree(M, N, K):
     """Both compiled operand paths and the persistent schedule against the reference at LLaDA-like shapes."""
     _skip_unless_fp8_gpu()
