@@ -205,23 +205,28 @@ def _tma_block_shapes(nargs: dict) -> None:
 
 
 # (BLOCK_M, BLOCK_N, GROUP_M, num_warps, num_stages, PERSISTENT). Sources: vLLM's tuned H100 block-FP8 configs
-# (64×128, 4 warps, 3–4 stages at small M; GROUP_M 8–64), FBGEMM's triton fp8_gemm (128×256 and 256×128 tiles with 8
-# warps, 3 stages), the triton persistent-matmul tutorial (128×256, 8 warps, 3–4 stages, persistent). A 128×256 fp8
-# tile step needs (128 + 256) · 128 B = 48 KiB of shared memory: 4 stages fit Hopper's 228 KiB; configs that do not
-# fit are discarded by the autotuner.
+# (N=12288, K=7168: 16×32…128 tiles, 4 warps, 4–5 stages for M ≤ 24; 64×128, 4 warps, 3–4 stages, GROUP_M 16–64 from
+# M = 32 up), FBGEMM's triton fp8_gemm (128×256 / 256×128 tiles with 8 warps, 3 stages) and the triton
+# persistent-matmul tutorial (128×256, 8 warps, 3–4 stages, grid = #SMs). A 128×256 fp8 K step needs (128 + 256) ·
+# 128 B = 48 KiB of shared memory, so 3 stages fit Hopper's 228 KiB; configs that do not fit are discarded by the
+# autotuner. Register pressure: the scaled promotion keeps the dot result and the accumulator live at once (2 ×
+# BLOCK_M·BLOCK_N fp32 across the warps), which is why vLLM prefers 64×128 with 4 warps; the wide tiles stay in the
+# set for the autotuner to judge.
 _GPU_GEMM_SHAPES = [
-    (32, 128, 8, 4, 4, False),  # decode-sized M
-    (64, 128, 8, 4, 4, False),
+    (16, 64, 64, 4, 4, False),  # decode-sized M
+    (16, 128, 16, 4, 5, False),
+    (32, 128, 8, 4, 4, False),
+    (64, 128, 16, 4, 4, False),
+    (64, 128, 32, 4, 3, False),
+    (64, 128, 64, 4, 4, False),
     (64, 256, 8, 4, 3, False),
     (128, 128, 8, 4, 4, False),
     (128, 128, 8, 8, 4, False),
     (128, 256, 8, 8, 3, False),
-    (128, 256, 8, 8, 4, False),
     (256, 128, 8, 8, 3, False),
+    (64, 128, 16, 4, 4, True),
     (128, 128, 8, 8, 4, True),
     (128, 256, 8, 8, 3, True),
-    (128, 256, 16, 8, 4, True),
-    (256, 128, 8, 8, 3, True),
 ]
 
 
