@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="learning rate")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps (tiny default: 300)")
     p.add_argument("--rollout-precision", default=None, choices=["bf16", "fp8"])
-    p.add_argument("--fp8-backend", default=None, help="torch (CPU), triton, scaled_mm, torchao")
+    p.add_argument("--fp8-backend", default=None, help="torch (CPU), triton, cublas, torchao, scaled_mm (row-wise), "
+                   "auto (fastest block backend per shape)")
     p.add_argument("--correction", default=None, choices=["none", "is", "tis", "mis", "ais"])
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
     p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
@@ -134,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few built-in prompts")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the tokenizer's chat template")
     p.add_argument("--fp8", action="store_true", help="sample with the FP8 rollout copy (blockwise e4m3 linears)")
-    p.add_argument("--backend", default="torch", help="FP8 GEMM backend: torch (reference, CPU), triton, scaled_mm, "
-                   "torchao")
+    p.add_argument("--backend", default="torch", help="FP8 GEMM backend: torch (reference, CPU), triton, cublas, "
+                   "torchao, scaled_mm (row-wise), auto (fastest block backend per shape)")
     p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
     p.set_defaults(func=cmd_sample)
     from dllm_ais.evaluate import add_eval_arguments, cmd_eval

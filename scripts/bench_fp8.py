@@ -4,9 +4,12 @@
   python scripts/bench_fp8.py --smoke         # CPU, tiny shapes, a few seconds (torch reference + Triton interpreter)
 
 1. GEMM y = x @ W^T at M ∈ {2048, 8192, 32768} × (N, K) ∈ {(4096, 4096), (12288, 4096), (4096, 12288)}:
-   TFLOP/s = 2·M·N·K / time of our Triton blockwise FP8 GEMM, BF16 torch.matmul, torch._scaled_mm (row-wise), torchao's
-   blockwise GEMM, the dequantising torch reference, and the whole FP8Linear forward (activation quantisation + GEMM)
-   per backend.
+   TFLOP/s = 2·M·N·K / time of our Triton blockwise FP8 GEMM (autotuned, as FP8Linear runs it; on GPU also without
+   TMA, and pinned to 128×256 tiles, plain and persistent), cuBLAS's blockwise FP8 GEMM (torch._scaled_mm with 1×128 /
+   128×128 scales: fp8_cublas_blockwise), BF16 torch.matmul, torch._scaled_mm (row-wise), torchao's blockwise GEMM,
+   the dequantising torch reference, and the whole FP8Linear forward (activation quantisation + GEMM) per backend.
+   Per shape, `ratio` rows: fp8_triton_gemm / fp8_cublas_blockwise, fp8_triton_gemm / bf16_matmul,
+   fp8_cublas_blockwise / bf16_matmul, and the best Triton variant / cuBLAS blockwise (throughput ratios, > 1 = faster).
 2. quantize_model and sync_weights for LLaDA-8B's linear layers (32 × q,k,v,attn_out 4096×4096, ff_proj/up_proj
    12288×4096, ff_out 4096×12288; 7.0e9 parameters) vs the memory-bandwidth floor: (bytes read + written) / measured
    device copy bandwidth.
@@ -33,7 +36,7 @@ from torch import nn  # noqa: E402
 
 from dllm_ais import bench_env  # noqa: E402
 from dllm_ais.fp8 import BACKENDS, FP8Linear, quant, quantize_model, sync_weights, unavailable_reason  # noqa: E402
-from dllm_ais.fp8.linear import torchao_blockwise_gemm  # noqa: E402
+from dllm_ais.fp8.linear import _outer_dim_major, torchao_blockwise_gemm  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GEMM_M = {"full": [2048, 8192, 32768], "smoke": [32]}
@@ -62,17 +65,37 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int, warmup: 
     return statistics.median(times)
 
 
+TRITON_VARIANTS = ("fp8_triton_gemm", "fp8_triton_gemm_no_tma", "fp8_triton_gemm_128x256",
+                   "fp8_triton_gemm_128x256_persistent")  # fmt: skip
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+
+
 def gemm_cases(x: torch.Tensor, w: torch.Tensor) -> dict[str, tuple[str | None, Callable[[], object]]]:
     """name -> (reason it cannot run here or None, thunk). x [M, K] bf16, w [N, K] bf16."""
     device = x.device
     xq, xs = quant.quantize_act(x)
+    xs = _outer_dim_major(xs)  # K-major, as kernels.quantize_act produces and cuBLAS requires
     wq, ws = quant.quantize_weight(w)
     xr, xrs = quant.quantize_rowwise(x)
     wr, wrs = quant.quantize_rowwise(w)
     triton_reason = unavailable_reason("triton", device)
+    gpu_only = None if device.type == "cuda" else "GPU-only variant (the interpreter has no TMA / autotuning)"
     cases = {
         "bf16_matmul": (None, lambda: torch.matmul(x, w.T)),
         "fp8_triton_gemm": (triton_reason, lambda: _kernels().fp8_gemm(xq, xs, wq, ws)),
+        "fp8_triton_gemm_no_tma": (triton_reason or gpu_only, lambda: _kernels().fp8_gemm(xq, xs, wq, ws,
+                                                                                          use_tma=False)),
+        "fp8_triton_gemm_128x256": (triton_reason, lambda: _kernels().fp8_gemm(xq, xs, wq, ws, block_m=128,
+                                                                               block_n=256)),
+        "fp8_triton_gemm_128x256_persistent": (triton_reason, lambda: _kernels().fp8_gemm(
+            xq, xs, wq, ws, block_m=128, block_n=256, num_programs=_num_sms(device))),
+        "fp8_cublas_blockwise": (
+            unavailable_reason("cublas", device),
+            lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16),
+        ),
         "fp8_scaled_mm_rowwise": (
             unavailable_reason("scaled_mm", device),
             lambda: torch._scaled_mm(xr, wr.t(), scale_a=xrs, scale_b=wrs.t(), out_dtype=torch.bfloat16),
@@ -93,6 +116,20 @@ def gemm_cases(x: torch.Tensor, w: torch.Tensor) -> dict[str, tuple[str | None, 
     return cases
 
 
+def gemm_ratios(tflops: dict[str, float]) -> dict[str, float]:
+    """Throughput ratios of one shape (only those whose both sides were measured)."""
+    pairs = {
+        "triton_vs_cublas_blockwise": ("fp8_triton_gemm", "fp8_cublas_blockwise"),
+        "triton_vs_bf16": ("fp8_triton_gemm", "bf16_matmul"),
+        "cublas_blockwise_vs_bf16": ("fp8_cublas_blockwise", "bf16_matmul"),
+    }
+    out = {metric: tflops[a] / tflops[b] for metric, (a, b) in pairs.items() if a in tflops and b in tflops}
+    best = max((tflops[v] for v in TRITON_VARIANTS if v in tflops), default=None)
+    if best is not None and "fp8_cublas_blockwise" in tflops:
+        out["triton_best_variant_vs_cublas_blockwise"] = best / tflops["fp8_cublas_blockwise"]
+    return out
+
+
 def _kernels():
     from dllm_ais.fp8 import kernels
 
@@ -106,14 +143,23 @@ def bench_gemm(device: torch.device, size: str, repeats: int, warmup: int, emit:
         for M in GEMM_M[size]:
             x = torch.randn(M, K, generator=g, device=device).to(torch.bfloat16)
             shape = {"M": M, "N": N, "K": K}
+            tflops: dict[str, float] = {}
             for name, (reason, fn) in gemm_cases(x, w).items():
                 if reason is not None:
                     emit(bench="gemm", shape=shape, backend=name, metric="tflops", status="skipped", reason=reason)
                     continue
-                with torch.no_grad():
-                    seconds = timed(fn, device, repeats, warmup)
-                emit(bench="gemm", shape=shape, backend=name, metric="tflops", value=2 * M * N * K / seconds / 1e12,
+                try:
+                    with torch.no_grad():
+                        seconds = timed(fn, device, repeats, warmup)
+                except Exception as e:  # one failing variant must not end the run: record it
+                    emit(bench="gemm", shape=shape, backend=name, metric="tflops", status="failed",
+                         reason=bench_env.error_reason(e))  # fmt: skip
+                    continue
+                tflops[name] = 2 * M * N * K / seconds / 1e12
+                emit(bench="gemm", shape=shape, backend=name, metric="tflops", value=tflops[name],
                      time_ms=seconds * 1e3, status="ok")  # fmt: skip
+            for metric, value in gemm_ratios(tflops).items():
+                emit(bench="gemm", shape=shape, backend="ratio", metric=metric, value=value, status="ok")
             del x
         del w
         if device.type == "cuda":

@@ -65,6 +65,7 @@ def test_act_quant_kernel_bit_identical(shape, dtype):
     q, s = kernels.quantize_act(x)
     q_ref, s_ref = quant.quantize_act(x)
     assert q.shape == x.shape and s.shape == (shape[0], quant.num_blocks(shape[1]))
+    assert s.stride() == (1, shape[0])  # K-major (outer-dim-major): what fp8_gemm and torch._scaled_mm read
     assert torch.equal(_bits(q), _bits(q_ref))
     assert torch.equal(s, s_ref)
 
@@ -78,6 +79,20 @@ def test_act_quant_kernel_leading_dims_and_strided_input():
     q3, s3 = kernels.quantize_act(x.view(3, 4, 256))
     assert q3.shape == (3, 4, 256) and s3.shape == (3, 4, 2)
     assert torch.equal(_bits(q3.view(12, 256)), _bits(q_ref)) and torch.equal(s3.view(12, 2), s_ref)
+    assert s3.view(12, 2).stride() == (1, 12)  # K-major across the flattened leading dims
+
+
+@pytest.mark.parametrize("layout", ["k_major", "contiguous"])
+def test_act_quant_kernel_writes_into_given_buffers(layout):
+    x = _activations(10, 300, seed=2, dtype=torch.float32).to(DEVICE)
+    q = torch.empty(10, 300, dtype=quant.FP8_DTYPE, device=DEVICE)
+    s = torch.empty(10, 3, device=DEVICE) if layout == "contiguous" else torch.empty(3, 10, device=DEVICE).t()
+    q_out, s_out = kernels.quantize_act(x, out=(q, s))
+    assert q_out is q and s_out is s
+    q_ref, s_ref = quant.quantize_act(x)
+    assert torch.equal(_bits(q), _bits(q_ref)) and torch.equal(s, s_ref)
+    with pytest.raises(ValueError, match="out scales must be"):
+        kernels.quantize_act(x, out=(q, torch.empty(10, 2, device=DEVICE)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

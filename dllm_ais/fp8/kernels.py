@@ -14,12 +14,18 @@ Written for triton 3.6–3.9 and around the interpreter's bugs (DESIGN.md §7):
   * a single fixed config under the interpreter (autotune over several configs only on GPU); no tl.make_block_ptr;
   * divisions use tl.math.div_rn (div.rn.f32): a plain fp32 `/` compiles to div.full.f32 (≤ 2 ulp) on NVIDIA
     (triton-lang/triton#10661), and bit-identity with torch's IEEE division needs correct rounding.
+GPU-only paths (selected by host flags / constexprs; the interpreter runs the same kernel with one pinned config):
+an autotune set with 128×256 / 256×128 tiles, 3–4 stages and a persistent schedule (grid = #SMs, each program loops
+over tiles), TMA tensor-descriptor operand loads on sm_90 (triton.tools.tensor_descriptor; the triton 3.9 interpreter
+emulates them, so tests cover that branch too), an unmasked K loop when K % 128 == 0, and a direct bf16 store.
+Activation scales are produced K-major ([M, G] with stride (1, M)), the layout torch._scaled_mm's blockwise mode needs.
 GPU caveat (not measurable here): if the compiled kernels flush fp32 denormals, inputs below 2**-126 in magnitude can
 differ from the reference — all such values quantise to a (signed) zero code anyway.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -83,8 +89,8 @@ def _cast_e4m3_kernel(y_ptr, q_ptr, n, BLOCK_SIZE: tl.constexpr):
 
 @triton.jit
 def _act_quant_kernel(
-    x_ptr, q_ptr, s_ptr,  # x [M, K] (row stride stride_xm), q [M, K] contiguous, s [M, G] contiguous
-    M, K, G, stride_xm,
+    x_ptr, q_ptr, s_ptr,  # x [M, K] (row stride stride_xm), q [M, K] contiguous, s [M, G] (via stride_sm, stride_sg)
+    M, K, stride_xm, stride_sm, stride_sg,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
@@ -96,7 +102,7 @@ def _act_quant_kernel(
     scale = _scale_from_amax(tl.max(tl.abs(x), axis=1))  # [BM]
     q = _round_to_e4m3(tl.math.div_rn(x, scale[:, None]))  # [BM, BK]
     tl.store(q_ptr + rows64[:, None] * K + cols[None, :], q.to(tl.float8e4nv), mask=mask)
-    tl.store(s_ptr + rows64 * G + g, scale, mask=rows < M)
+    tl.store(s_ptr + rows64 * stride_sm + g * stride_sg, scale, mask=rows < M)  # K-major: stride_sm == 1
 
 
 @triton.jit
@@ -119,59 +125,127 @@ def _weight_quant_kernel(
 
 @triton.jit
 def _fp8_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr,  # a [M, K] e4m3, as [M, G], w [N, K] e4m3, ws [NB, G], c [M, N]
-    M, N, K, G, stride_am, stride_wn, stride_cm, M_BUCKET,  # M_BUCKET: autotune key only
+    a_src, as_ptr, w_src, ws_ptr, c_ptr,  # a [M, K] e4m3, as [M, G], w [N, K] e4m3, ws [NB, G], c [M, N]
+    M, N, K, G,
+    stride_am, stride_wn, stride_asm, stride_asg, stride_wsn, stride_wsg, stride_cm,
+    M_BUCKET,  # autotune key only
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    OUT_BF16: tl.constexpr,
+    PERSISTENT: tl.constexpr,  # host-side only: the grid is min(#SMs, #tiles) instead of #tiles
+    EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, OUT_BF16: tl.constexpr, RNE_BF16: tl.constexpr,
 ):  # fmt: skip
-    """c = sum_kb (a_kb @ w_kb^T) * as[:, kb] * ws[nb, kb]; BLOCK_K == 128 and BLOCK_N divides 128 (one ws per tile)."""
-    # grouped launch order: GROUP_M row-tiles share their column tiles while those are hot in L2
-    pid = tl.program_id(0)
+    """c = sum_kb (a_kb @ w_kb^T) * as[:, kb] ⊗ ws[n // 128, kb], one 128-wide K block (BLOCK_K == 128) per step.
+
+    Precision: one tl.dot per 128-wide K block, scaled and summed into an fp32 register accumulator. Hopper's FP8
+    tensor cores (wgmma) accumulate a single dot with reduced precision (~14 mantissa bits kept); promoting every
+    128-wide partial product to fp32 before summing bounds that error to one block — the remedy DeepGEMM uses too.
+    Never fold the scales into a longer dot or pass `acc` into tl.dot to "save" the multiply.
+
+    Schedule: programs walk the tiles tile = pid, pid + P, pid + 2P, … (P = the grid size). With P = #tiles every
+    program does one tile (the classic launch); with P = #SMs (PERSISTENT) each program loops, which saves launch and
+    tail cost on Hopper. Tiles are ordered in GROUP_M-row groups so the column tiles a group shares stay in L2.
+
+    Operands: a_src / w_src are pointers, or (USE_TMA, GPU only) host-made tensor descriptors whose out-of-bounds
+    rows / columns read as zero. Scales are read through their strides, so as may be [M, G] contiguous or K-major
+    (stride (1, M): one K step reads BLOCK_M contiguous floats); weight scales are a per-column vector
+    ws[offs_n // 128, kb], so BLOCK_N may be any power of two (128×256 tiles included).
+    """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_m * num_n
     group_size = GROUP_M * num_n
-    first_m = (pid // group_size) * GROUP_M
-    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group_size) % rows_in_group
-    pid_n = (pid % group_size) // rows_in_group
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        first_m = (tile // group_size) * GROUP_M
+        rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % group_size) % rows_in_group
+        pid_n = (tile % group_size) // rows_in_group
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    offs_k = tl.arange(0, BLOCK_K)  # [BK]
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am + offs_k[None, :]  # [BM, BK]
-    w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None]  # [BK, BN] = tile of W^T
-    as_ptrs = as_ptr + offs_m.to(tl.int64) * G  # [BM]
-    ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * G  # this tile's weight-block row
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+        offs_k = tl.arange(0, BLOCK_K)  # [BK]
+        rows = (offs_m % M).to(tl.int64)  # [BM] wrapped into range: loads need no M / N masks (stores are masked)
+        cols = (offs_n % N).to(tl.int64)  # [BN]
+        as_ptrs = as_ptr + rows * stride_asm  # [BM]
+        ws_ptrs = ws_ptr + (cols // BLOCK_K) * stride_wsn  # [BN] weight-block row of each column (BLOCK_K == 128)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, G):
-        k_ok = offs_k < K - kb * BLOCK_K
-        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK] e4m3
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # [BK, BN] e4m3
-        a_scale = tl.load(as_ptrs + kb, mask=m_ok, other=0.0)  # [BM]
-        w_scale = tl.load(ws_row + kb)  # scalar
-        acc += tl.dot(a, w, out_dtype=tl.float32) * (a_scale[:, None] * w_scale)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(0, G):
+            k0 = kb * BLOCK_K
+            if USE_TMA:
+                a = a_src.load([pid_m * BLOCK_M, k0])  # [BM, BK] e4m3, zero outside [M, K]
+                w = w_src.load([pid_n * BLOCK_N, k0]).T  # [BK, BN] e4m3 (K-major smem, what fp8 wgmma wants)
+            else:
+                a_ptrs = a_src + rows[:, None] * stride_am + (k0 + offs_k)[None, :]  # [BM, BK]
+                w_ptrs = w_src + cols[None, :] * stride_wn + (k0 + offs_k)[:, None]  # [BK, BN] = tile of W^T
+                if EVEN_K:
+                    a = tl.load(a_ptrs)
+                    w = tl.load(w_ptrs)
+                else:
+                    k_ok = offs_k < K - k0
+                    a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+                    w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            a_scale = tl.load(as_ptrs + kb * stride_asg)  # [BM]
+            w_scale = tl.load(ws_ptrs + kb * stride_wsg)  # [BN]
+            acc += tl.dot(a, w, out_dtype=tl.float32) * (a_scale[:, None] * w_scale[None, :])
 
-    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-    c_mask = m_ok[:, None] & n_ok[None, :]
-    if OUT_BF16:
-        tl.store(c_ptrs, _round_to_bf16(acc).to(tl.bfloat16), mask=c_mask)
-    else:
-        tl.store(c_ptrs, acc, mask=c_mask)
+        c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+        c_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        if OUT_BF16:
+            if RNE_BF16:  # the interpreter's fp32 -> bf16 cast truncates: round to nearest-even first
+                tl.store(c_ptrs, _round_to_bf16(acc).to(tl.bfloat16), mask=c_mask)
+            else:  # compiled casts round to nearest-even already
+                tl.store(c_ptrs, acc.to(tl.bfloat16), mask=c_mask)
+        else:
+            tl.store(c_ptrs, acc, mask=c_mask)
 
 
-_GPU_GEMM_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(128, 128, 8, 3), (128, 128, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4), (256, 128, 8, 3)]
+def _tma_block_shapes(nargs: dict) -> None:
+    """Autotune pre-hook: the TMA descriptors' block shapes follow the config being tried (triton tutorial 09)."""
+    nargs["a_src"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+    nargs["w_src"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+# (BLOCK_M, BLOCK_N, GROUP_M, num_warps, num_stages, PERSISTENT). Sources: vLLM's tuned H100 block-FP8 configs
+# (N=12288, K=7168: 16×32…128 tiles, 4 warps, 4–5 stages for M ≤ 24; 64×128, 4 warps, 3–4 stages, GROUP_M 16–64 from
+# M = 32 up), FBGEMM's triton fp8_gemm (128×256 / 256×128 tiles with 8 warps, 3 stages) and the triton
+# persistent-matmul tutorial (128×256, 8 warps, 3–4 stages, grid = #SMs). A 128×256 fp8 K step needs (128 + 256) ·
+# 128 B = 48 KiB of shared memory, so 3 stages fit Hopper's 228 KiB; configs that do not fit are discarded by the
+# autotuner. Register pressure: the scaled promotion keeps the dot result and the accumulator live at once (2 ×
+# BLOCK_M·BLOCK_N fp32 across the warps), which is why vLLM prefers 64×128 with 4 warps; the wide tiles stay in the
+# set for the autotuner to judge.
+_GPU_GEMM_SHAPES = [
+    (16, 64, 64, 4, 4, False),  # decode-sized M
+    (16, 128, 16, 4, 5, False),
+    (32, 128, 8, 4, 4, False),
+    (64, 128, 16, 4, 4, False),
+    (64, 128, 32, 4, 3, False),
+    (64, 128, 64, 4, 4, False),
+    (64, 256, 8, 4, 3, False),
+    (128, 128, 8, 4, 4, False),
+    (128, 128, 8, 8, 4, False),
+    (128, 256, 8, 8, 3, False),
+    (256, 128, 8, 8, 3, False),
+    (64, 128, 16, 4, 4, True),
+    (128, 128, 8, 8, 4, True),
+    (128, 256, 8, 8, 3, True),
 ]
+
+
+def _gpu_configs(tma: bool) -> list:
+    return [
+        triton.Config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": gm, "PERSISTENT": p},
+            num_warps=w,
+            num_stages=s,
+            pre_hook=_tma_block_shapes if tma else None,
+        )  # fmt: skip
+        for bm, bn, gm, w, s, p in _GPU_GEMM_SHAPES
+    ]
+
+
 # Autotune only when compiled: the interpreter fails with more than one config (DESIGN.md §7).
-_fp8_gemm_tuned = (
-    None if INTERPRET else triton.autotune(_GPU_GEMM_CONFIGS, key=["N", "K", "M_BUCKET"])(_fp8_gemm_kernel)
-)
+_AUTOTUNE_KEY = ["N", "K", "M_BUCKET"]
+_fp8_gemm_tuned = None if INTERPRET else triton.autotune(_gpu_configs(False), key=_AUTOTUNE_KEY)(_fp8_gemm_kernel)
+_fp8_gemm_tuned_tma = None if INTERPRET else triton.autotune(_gpu_configs(True), key=_AUTOTUNE_KEY)(_fp8_gemm_kernel)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -209,12 +283,22 @@ def cast_to_e4m3(y: torch.Tensor) -> torch.Tensor:
     return q
 
 
+def _k_major(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An empty fp32 tensor of `shape` [..., G] stored group-major (last dim outermost): [M, G] with stride (1, M)."""
+    *lead, G = shape
+    return torch.empty((G, *lead), dtype=torch.float32, device=device).movedim(0, -1)
+
+
 def quantize_act(
     x: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per 1×128 group. x [..., K] (fp32/bf16/fp16) -> (codes [..., K] e4m3, scales [..., ceil(K/128)] fp32).
 
-    `out` = (codes, scales) buffers to write into (contiguous, shapes as returned).
+    The scales are stored K-major (group-major): for x [M, K] an [M, G] tensor with stride (1, M), the outer-dim-major
+    layout torch._scaled_mm's blockwise mode requires and the one fp8_gemm reads contiguously per K step. Values equal
+    quant.quantize_act's (which returns a contiguous [M, G]); compare values, not strides.
+    `out` = (codes, scales) buffers to write into: codes contiguous, scales of the returned shape in any layout whose
+    leading dims flatten to one (K-major as returned, or contiguous).
     """
     if not x.is_floating_point() or x.dim() < 1:
         raise ValueError(f"quantize_act expects a floating tensor [..., K], got {x.dtype} {tuple(x.shape)}")
@@ -225,17 +309,24 @@ def quantize_act(
         x2 = x2.contiguous()
     M = x2.shape[0]
     if out is None:
-        out = (
-            torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device),
-            torch.empty((*lead, G), dtype=torch.float32, device=x.device),
-        )
+        out = (torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device), _k_major((*lead, G), x.device))
     _check_out("out codes", out[0], FP8_DTYPE, tuple(x.shape), x.device)
-    _check_out("out scales", out[1], torch.float32, (*lead, G), x.device)
+    s = out[1]
+    if s.dtype != torch.float32 or tuple(s.shape) != (*lead, G) or s.device != x.device:
+        raise ValueError(
+            f"out scales must be a float32 tensor of shape {(*lead, G)} on {x.device}, got {s.dtype} "
+            f"{tuple(s.shape)} on {s.device}"
+        )
+    try:
+        s2 = s.view(M, G)  # shares memory: the kernel writes through its strides
+    except RuntimeError as e:
+        raise ValueError(f"out scales' leading dims must flatten to one without a copy, got stride {s.stride()}") from e
     if M and K:
         block_m = 32 if INTERPRET else 8
         _act_quant_kernel[(triton.cdiv(M, block_m), G)](
-            x2, out[0], out[1], M, K, G, x2.stride(0), BLOCK_M=block_m, BLOCK_K=BLOCK, num_warps=4
-        )
+            x2, out[0], s2, M, K, x2.stride(0), s2.stride(0), s2.stride(1), BLOCK_M=block_m, BLOCK_K=BLOCK,
+            num_warps=4,
+        )  # fmt: skip
     return out
 
 
@@ -264,6 +355,41 @@ def quantize_weight(
     return out
 
 
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def tma_unavailable(device: torch.device) -> str | None:
+    """Why the TMA (tensor-descriptor) GEMM path cannot run on `device`, or None. Needs triton's host-side
+    TensorDescriptor (triton.tools.tensor_descriptor, triton >= 3.4) and, compiled, a GPU with compute capability
+    >= 9.0 (Hopper's TMA unit). The triton 3.9 interpreter emulates descriptor loads (tests use that); fp8_gemm still
+    defaults to the pointer path there."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return f"triton {triton.__version__} has no triton.tools.tensor_descriptor.TensorDescriptor"
+    if INTERPRET:
+        return None if device.type == "cpu" else f"the interpreter runs on CPU tensors, not {device.type}"
+    if device.type != "cuda":
+        return f"compiled TMA needs a CUDA device, not {device.type}"
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return "TMA needs compute capability >= 9.0"
+    return None
+
+
+def _tma_ok(xq: torch.Tensor, wq: torch.Tensor) -> bool:
+    """TMA descriptors need 16-byte-aligned bases and row strides (fp8: K % 16 == 0)."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in (xq, wq))
+
+
+def _descriptor(t: torch.Tensor, block_shape: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block_shape)
+
+
 def fp8_gemm(
     xq: torch.Tensor,
     xs: torch.Tensor,
@@ -273,12 +399,19 @@ def fp8_gemm(
     *,
     block_m: int | None = None,
     block_n: int | None = None,
+    num_programs: int | None = None,
+    use_tma: bool | None = None,
 ) -> torch.Tensor:
     """Blockwise-scaled FP8 GEMM y = x @ W^T with fp32 accumulation; twin of quant.fp8_gemm_reference.
 
-    xq [M, K] e4m3, xs [M, ceil(K/128)] fp32, wq [N, K] e4m3, ws [ceil(N/128), ceil(K/128)] fp32
-    -> y [M, N] in out_dtype (bfloat16 or float32). block_m / block_n pin the tile (block_n must divide 128);
-    by default the interpreter uses 128×128 (its cost is per program, not per element) and a GPU autotunes.
+    xq [M, K] e4m3, xs [M, ceil(K/128)] fp32 (contiguous or K-major, stride (1, M): same values either way),
+    wq [N, K] e4m3, ws [ceil(N/128), ceil(K/128)] fp32 -> y [M, N] in out_dtype (bfloat16 or float32).
+
+    Tuning knobs (defaults: the interpreter runs one fixed 128×128 config, its cost is per program; a GPU autotunes
+    over _GPU_GEMM_SHAPES per (N, K, M bucket), with TMA descriptors where tma_unavailable(device) is None):
+      block_m / block_n  pin the tile (powers of two ≥ 16; 128×256 is fine) and skip autotuning;
+      num_programs       with a pinned tile: launch this many programs, each looping over tiles (persistent);
+      use_tma            force the TMA path on (Hopper; or the interpreter, for tests) or off.
     """
     _check_fp8("xq", xq, 2)
     _check_fp8("wq", wq, 2)
@@ -288,28 +421,51 @@ def fp8_gemm(
     if xq.device != wq.device:
         raise ValueError(f"xq is on {xq.device} but wq is on {wq.device}")
     G = num_blocks(K)
-    xs, ws = xs.contiguous(), ws.contiguous()
     _check_scales("xs", xs, (M, G))
     _check_scales("ws", ws, (num_blocks(N), G))
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
-    if block_n is not None and (block_n > BLOCK or BLOCK % block_n):
-        raise ValueError(f"block_n must divide {BLOCK}, got {block_n}")
+    for name, b in (("block_m", block_m), ("block_n", block_n)):
+        if b is not None and (b < 16 or b & (b - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {b}")
+    if num_programs is not None and num_programs < 1:
+        raise ValueError(f"num_programs must be >= 1, got {num_programs}")
+    if use_tma and tma_unavailable(xq.device):
+        raise ValueError(f"use_tma=True but TMA cannot run here: {tma_unavailable(xq.device)}")
+    if use_tma and not _tma_ok(xq, wq):
+        raise ValueError("use_tma=True needs 16-byte-aligned xq / wq with row strides that are multiples of 16")
     y = torch.empty((M, N), dtype=out_dtype, device=xq.device)
     if M == 0 or N == 0:
         return y
     if K == 0:
         return y.zero_()
-    args = (xq, xs, wq, ws, y, M, N, K, G, xq.stride(0), wq.stride(0), y.stride(0), triton.next_power_of_2(M))
-    flags = dict(BLOCK_K=BLOCK, OUT_BF16=out_dtype == torch.bfloat16)
-    if INTERPRET or block_m is not None or block_n is not None:
-        bm, bn = block_m or 128, block_n or 128
-        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-        _fp8_gemm_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, num_warps=4, **flags)
+    if use_tma is None:
+        use_tma = not INTERPRET and tma_unavailable(xq.device) is None and _tma_ok(xq, wq)
+    pinned = INTERPRET or block_m is not None or block_n is not None
+    bm, bn = block_m or 128, block_n or 128
+    a_src, w_src = xq, wq
+    if use_tma:  # block shapes: the pinned tile's, or set per config by the autotuner's pre-hook
+        a_src, w_src = _descriptor(xq, [bm, BLOCK]), _descriptor(wq, [bn, BLOCK])
+    args = (
+        a_src, xs, w_src, ws, y, M, N, K, G,
+        xq.stride(0), wq.stride(0), xs.stride(0), xs.stride(1), ws.stride(0), ws.stride(1), y.stride(0),
+        triton.next_power_of_2(M),
+    )  # fmt: skip
+    flags = dict(
+        BLOCK_K=BLOCK, EVEN_K=K % BLOCK == 0, USE_TMA=use_tma, OUT_BF16=out_dtype == torch.bfloat16, RNE_BF16=INTERPRET
+    )
+    if pinned:
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        grid = (min(tiles, num_programs or tiles),)
+        warps = 8 if bm * bn >= 128 * 256 and not INTERPRET else 4
+        _fp8_gemm_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, PERSISTENT=grid[0] < tiles,
+                               num_warps=warps, **flags)  # fmt: skip
     else:
+        sms = _num_sms(xq.device)
 
         def grid(meta):
-            return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+            tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+            return (min(tiles, sms) if meta["PERSISTENT"] else tiles,)
 
-        _fp8_gemm_tuned[grid](*args, **flags)
+        (_fp8_gemm_tuned_tma if use_tma else _fp8_gemm_tuned)[grid](*args, **flags)
     return y

@@ -16,6 +16,13 @@ Backends (one interface, chosen once by name from BACKENDS; FP8Linear is inferen
               torch 2.4+, and CPU in recent torch).
   "torchao"   torchao's blockwise_fp8_gemm (the DeepSeek-V3 Triton kernel, same 1×128 / 128×128 layout as ours, our
               Triton activation quantisation). CUDA with compute capability ≥ 8.9 only.
+  "cublas"    cuBLAS's blockwise FP8 GEMM through torch._scaled_mm with 1×128 activation scales (K-major, [M, G] with
+              stride (1, M)) and 128×128 weight scales (passed transposed). Same buffers and numbers as "triton" up to
+              summation order and bf16 output rounding. Available where a tiny blockwise probe call succeeds (H100
+              with torch 2.11 verified; not CPU). Layers whose N or K is not a multiple of 128 run the Triton GEMM.
+  "auto"      per (device, N, K, M bucket) the fastest available block backend (cublas, triton, torchao), timed once
+              on first use and cached in memory (auto_choices()); "torch" on CPU. Warm it eagerly (one forward per
+              shape) before CUDA-graph capture or torch.compile: timing cannot run inside either.
 
 Layer shapes: in_features and out_features must be multiples of 16 for every backend (torch._scaled_mm's requirement,
 and 16-byte-aligned fp8 rows for the GEMMs), so the set of quantisable layers does not depend on the backend. Ragged
@@ -32,6 +39,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -78,8 +86,9 @@ def _forward_scaled_mm(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
 def _forward_torchao(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
     from . import kernels
 
-    xq, xs = kernels.quantize_act(x)  # [M, K], [M, G]
-    return torchao_blockwise_gemm()(xq, xs, layer.weight_q, layer.weight_scale)  # [M, N] bf16
+    xq, xs = kernels.quantize_act(x)  # [M, K], [M, G] K-major
+    # torchao's kernel indexes a_s as a contiguous [M, G]
+    return torchao_blockwise_gemm()(xq, xs.contiguous(), layer.weight_q, layer.weight_scale)  # [M, N] bf16
 
 
 @functools.cache
@@ -96,6 +105,137 @@ def torchao_blockwise_gemm() -> Callable:
         except (ImportError, AttributeError):
             continue
     raise ImportError(f"no torchao module provides blockwise_fp8_gemm (looked in {', '.join(places)})")
+
+
+def _outer_dim_major(xs: torch.Tensor) -> torch.Tensor:
+    """Activation scales [M, G] in the layout cuBLAS's 1×128 mode requires: stride (1, M) (a copy only if needed)."""
+    M, G = xs.shape
+    if xs.stride(0) == 1 and (G <= 1 or xs.stride(1) == M):
+        return xs
+    return xs.new_empty(G, M).t().copy_(xs)  # explicit strides (1, M), also for M == 1
+
+
+def _quantize_act_block(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (codes [M, K], K-major scales [M, G]): the Triton kernel where it runs, else the torch twin."""
+    if _unavailable("triton", x.device) is None:
+        from . import kernels
+
+        return kernels.quantize_act(x)
+    xq, xs = quant.quantize_act(x)
+    return xq, _outer_dim_major(xs)
+
+
+def _cublas_fits(layer: FP8Linear) -> bool:
+    """cuBLAS's blockwise mode wants whole 128-blocks: scale shapes [M, K/128] and [N/128, K/128] exactly."""
+    return layer.in_features % quant.BLOCK == 0 and layer.out_features % quant.BLOCK == 0
+
+
+_CUBLAS_REJECTED: set[tuple[str, int, int, int]] = set()  # (device, M, N, K) that torch._scaled_mm refused
+
+
+def cublas_fallbacks() -> set[tuple[str, int, int, int]]:
+    """(device, M, N, K) shapes at which cuBLAS's blockwise mode raised and the Triton GEMM ran instead (a copy)."""
+    return set(_CUBLAS_REJECTED)
+
+
+def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+    """xq [M, K] e4m3, xs [M, G] fp32 (either layout) -> y [M, N] bf16 via torch._scaled_mm's blockwise mode.
+
+    Layers that are not whole 128-blocks, and shapes cuBLAS rejects (the blockwise mode's constraints on M are not
+    documented; verified at LLaDA-8B shapes), run the Triton GEMM; rejected shapes are remembered (cublas_fallbacks())
+    and a warning names the first one."""
+    key = (str(xq.device), xq.shape[0], layer.out_features, layer.in_features)
+    if _cublas_fits(layer) and key not in _CUBLAS_REJECTED:
+        try:
+            return torch._scaled_mm(
+                xq, layer.weight_q.t(), scale_a=_outer_dim_major(xs), scale_b=layer.weight_scale.t(),
+                out_dtype=torch.bfloat16,
+            )  # fmt: skip
+        except RuntimeError as e:
+            if not _CUBLAS_REJECTED:
+                warnings.warn(f"cublas backend: torch._scaled_mm rejected M, N, K = {key[1:]} ({e}); running the "
+                              "Triton GEMM for such shapes (see cublas_fallbacks())", stacklevel=2)  # fmt: skip
+            _CUBLAS_REJECTED.add(key)
+    from . import kernels
+
+    return kernels.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale)
+
+
+def _forward_cublas(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+    return _gemm_cublas(*_quantize_act_block(x), layer)
+
+
+AUTO_CANDIDATES = ("cublas", "triton", "torchao")  # "block" backends sharing FP8Linear's buffers, fastest first hoped
+_AUTO_CHOICES: dict[tuple[str, str, int, int, int], str] = {}
+
+
+def auto_choices() -> dict[tuple[str, str, int, int, int], str]:
+    """What `auto` picked so far: (kind "forward" | "gemm", device, N, K, M bucket) -> backend name (a copy)."""
+    return dict(_AUTO_CHOICES)
+
+
+def clear_auto_choices() -> None:
+    """Forget every `auto` choice (the next call per shape times the candidates again)."""
+    _AUTO_CHOICES.clear()
+
+
+def _m_bucket(m: int) -> int:
+    """M rounded up to a power of two: the granularity at which `auto` re-times (and Triton re-tunes)."""
+    return 1 << max(0, m - 1).bit_length()
+
+
+def _median_ms(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float:
+    fn()  # warm-up: compilation / autotuning happen here, outside the timing
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def _auto_pick(kind: str, layer: FP8Linear, m: int, device: torch.device, run: Callable[[str], object]) -> str:
+    """The cached choice for (kind, device, N, K, M bucket); on a miss time `run(name)` for each available candidate
+    (those with a `gemm` when kind == "gemm") and keep the fastest. CPU: always "torch"."""
+    key = (kind, str(device), layer.out_features, layer.in_features, _m_bucket(m))
+    choice = _AUTO_CHOICES.get(key)
+    if choice is not None:
+        return choice
+    if device.type != "cuda":
+        _AUTO_CHOICES[key] = "torch"
+        return "torch"
+    if torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
+        raise FP8BackendError(
+            f"FP8 backend 'auto' has not timed shape N={key[2]}, K={key[3]}, M bucket {key[4]} yet and cannot time it "
+            "inside CUDA-graph capture or torch.compile: run one eager forward per shape first, or pick a backend."
+        )
+    times: dict[str, float] = {}
+    for name in AUTO_CANDIDATES:
+        if _unavailable(name, device) is not None or (kind == "gemm" and BACKENDS[name].gemm is None):
+            continue
+        try:
+            times[name] = _median_ms(lambda name=name: run(name), device)
+        except Exception:  # a candidate that fails at this shape is simply not chosen
+            continue
+    if not times:
+        raise FP8BackendError(f"FP8 backend 'auto': no candidate of {AUTO_CANDIDATES} runs {kind} on {device}")
+    _AUTO_CHOICES[key] = min(times, key=times.__getitem__)
+    return _AUTO_CHOICES[key]
+
+
+def _forward_auto(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+    name = _auto_pick("forward", layer, x.shape[0], x.device, lambda b: BACKENDS[b].forward(x, layer))
+    return BACKENDS[name].forward(x, layer)
+
+
+def _gemm_auto(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+    name = _auto_pick("gemm", layer, xq.shape[0], xq.device, lambda b: BACKENDS[b].gemm(xq, xs, layer))
+    if name == "torch" and BACKENDS["torch"].gemm is None:
+        return quant.fp8_gemm_reference(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=torch.float32)
+    return BACKENDS[name].gemm(xq, xs, layer)
 
 
 def _cuda_fp8_reason(device: torch.device) -> str | None:
@@ -138,6 +278,28 @@ def _scaled_mm_unavailable(device: torch.device) -> str | None:
     return None
 
 
+def _cublas_unavailable(device: torch.device) -> str | None:
+    if not hasattr(torch, "_scaled_mm"):
+        return "this torch has no torch._scaled_mm"
+    try:  # which (device, scaling) pairs work changes between torch versions: ask the device itself
+        a = torch.zeros(16, 256, dtype=FP8_DTYPE, device=device)  # [M, K]
+        w = torch.zeros(256, 256, dtype=FP8_DTYPE, device=device)  # [N, K]
+        xs = torch.ones(2, 16, dtype=torch.float32, device=device).t()  # [M, K/128], stride (1, M)
+        ws = torch.ones(2, 2, dtype=torch.float32, device=device)  # [N/128, K/128]
+        torch._scaled_mm(a, w.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+    except Exception as e:  # a probe: any failure means "not here"
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return (
+            f"torch {torch.__version__} on {device.type} rejects torch._scaled_mm with blockwise (1×128 / 128×128) "
+            f"scales ({detail}); cuBLAS's blockwise FP8 GEMM needs a CUDA GPU with compute capability >= 9.0"
+        )
+    return None
+
+
+def _auto_unavailable(device: torch.device) -> str | None:
+    return None  # falls back to "torch" where nothing faster runs
+
+
 def _torchao_unavailable(device: torch.device) -> str | None:
     if device.type != "cuda":
         return "torchao's blockwise FP8 GEMM is a CUDA kernel (needs a GPU with compute capability >= 8.9)"
@@ -161,6 +323,9 @@ class Backend:
     """"block": 1×128 activation / 128×128 weight scales; "row": per-row activation / per-output-channel weight."""
     unavailable: Callable[[torch.device], str | None]
     """Why this backend cannot run on a device, or None when it can."""
+    gemm: Callable | None = None
+    """(xq [M, K] e4m3, xs [M, G] fp32, layer) -> y [M, N] from already-quantised activations; None where the backend
+    quantises its own way (row-wise scaled_mm)."""
 
 
 BACKENDS: dict[str, Backend] = {
@@ -168,6 +333,8 @@ BACKENDS: dict[str, Backend] = {
     "triton": Backend(_forward_triton, "block", _triton_unavailable),
     "scaled_mm": Backend(_forward_scaled_mm, "row", _scaled_mm_unavailable),
     "torchao": Backend(_forward_torchao, "block", _torchao_unavailable),
+    "cublas": Backend(_forward_cublas, "block", _cublas_unavailable, gemm=_gemm_cublas),
+    "auto": Backend(_forward_auto, "block", _auto_unavailable, gemm=_gemm_auto),
 }
 
 
