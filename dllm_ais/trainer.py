@@ -91,6 +91,22 @@ def compute_rewards(reward_fn, prompts: list[str], completions: list[str], rows:
     return out
 
 
+def _fp8_rollout(master, tc):
+    from dllm_ais.fp8.linear import quantize_model
+
+    return quantize_model(master, backend=tc.fp8_backend)
+
+
+def _fp4_rollout(master, tc):
+    from dllm_ais.fp4.linear import quantize_model
+
+    return quantize_model(master, fmt=tc.fp4_format)
+
+
+# TrainConfig.rollout_precision -> (BF16 master, TrainConfig) -> rollout policy μ (the master itself for bf16)
+_ROLLOUT_BUILDERS = {"bf16": lambda master, tc: master, "fp8": _fp8_rollout, "fp4": _fp4_rollout}
+
+
 class Trainer:
     """Runs the loop for one Preset in one run directory."""
 
@@ -107,9 +123,10 @@ class Trainer:
         self.rows = rows
         self.progress = progress
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
-        if self.acc.distributed_type == DistributedType.FSDP and self.tc.rollout_precision == "fp8":
-            raise ValueError("FP8 rollouts under FSDP are not supported yet (the FP8 copy needs the full, unsharded "
-                             "weights); use DDP (distributed_type: MULTI_GPU) with LoRA, or --rollout-precision bf16.")
+        if self.acc.distributed_type == DistributedType.FSDP and self.tc.rollout_precision != "bf16":
+            raise ValueError("FP8/FP4 rollouts under FSDP are not supported yet (the quantised copy needs the full, "
+                             "unsharded weights); use DDP (distributed_type: MULTI_GPU) with LoRA, or --rollout-precision "
+                             "bf16.")
         model = policy.model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.tc.learning_rate, weight_decay=self.tc.weight_decay)
@@ -139,15 +156,11 @@ class Trainer:
         return hasattr(self.master, "disable_adapter")
 
     def _make_rollout_model(self):
-        if self.tc.rollout_precision == "bf16":
-            return self.master
-        from dllm_ais.fp8.linear import quantize_model
-
-        return quantize_model(self.master, backend=self.tc.fp8_backend)
+        return _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
 
     def _sync_rollout(self) -> None:
         if self.rollout_model is not self.master:
-            from dllm_ais.fp8.linear import sync_weights
+            from dllm_ais.fp8.linear import sync_weights  # refills FP8Linear and FP4Linear alike
 
             sync_weights(self.master, self.rollout_model)
 
