@@ -50,7 +50,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
                            cfg_scale=args.cfg_scale)
     model, tokenizer = family(model_cfg.family).load(model_cfg)
     if args.fp8 and args.fp4:
-        raise SystemExit("dllm-ais sample: use --fp8 or --fp4, not both")
+        raise ValueError("use --fp8 or --fp4, not both")
     if args.fp8:
         from dllm_ais.fp8.linear import quantize_model
 

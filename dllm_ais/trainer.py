@@ -125,8 +125,8 @@ class Trainer:
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
         if self.acc.distributed_type == DistributedType.FSDP and self.tc.rollout_precision != "bf16":
             raise ValueError("FP8/FP4 rollouts under FSDP are not supported yet (the quantised copy needs the full, "
-                             "unsharded weights); use DDP (distributed_type: MULTI_GPU) with LoRA, or --rollout-precision "
-                             "bf16.")
+                             "unsharded weights); use DDP (distributed_type: MULTI_GPU) with LoRA, or "
+                             "--rollout-precision bf16.")
         model = policy.model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.tc.learning_rate, weight_decay=self.tc.weight_decay)
