@@ -93,13 +93,12 @@ def mxfp4_ref(row: list[float]) -> list[float]:
 def nvfp4_ref(row: list[float], tensor_amax: float) -> list[float]:
     """One row -> NVFP4 fake-quantised values, blocks of 16, second-level scale from tensor_amax, fp32 mirrored."""
     ts = f32(tensor_amax / 2688.0) or 1.0
-    six_ts = f32(6.0 * ts)
     out = []
     for start in range(0, len(row), 16):
         block = row[start : start + 16]
-        bs = e4m3_ref(f32(max(abs(v) for v in block) / six_ts))
-        total = f32(bs * ts)
-        out += [f32(f32(e2m1_ref(f32(v / total)) * bs) * ts) for v in block]
+        bs = e4m3_ref(f32(f32(max(abs(v) for v in block) / 6.0) / ts))
+        recip = f32(f32(1.0 / ts) / bs)
+        out += [f32(f32(e2m1_ref(f32(v * recip)) * bs) * ts) for v in block]
     return out
 
 
@@ -293,3 +292,44 @@ def test_bf16_input_is_quantised_from_its_exact_values():
     x = _randn(4, 64, seed=5).bfloat16()
     assert torch.equal(fake_mxfp4(x), fake_mxfp4(x.float()))
     assert torch.equal(fake_nvfp4_act(x), fake_nvfp4_act(x.float()))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# an independent implementation: torchao's mx_formats (when installed)
+
+
+def _torchao_mx():
+    pytest.importorskip("torchao")
+    try:
+        from torchao.prototype.mx_formats import kernels
+        from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode, to_mx
+        from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize as ao_nvfp4_quantize
+        from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
+    except ImportError as e:  # torchao moves its prototypes between versions
+        pytest.skip(f"this torchao has no mx_formats reference: {e}")
+    return kernels, to_mx, ScaleCalculationMode, ao_nvfp4_quantize, per_tensor_amax_to_scale
+
+
+def _torchao_codes(kernels, packed: torch.Tensor, shape) -> torch.Tensor:
+    return kernels.f4_unpacked_to_f32(kernels.unpack_uint4(packed.view(torch.uint8))).reshape(shape)
+
+
+def test_mxfp4_equals_torchao_floor_mode():
+    kernels, to_mx, mode, _, _ = _torchao_mx()
+    x = _randn(16, 128, seed=6)
+    scale, packed = to_mx(x, torch.float4_e2m1fn_x2, 32, scaling_mode=mode.FLOOR)
+    q, exp = mxfp4_quantize(x)
+    assert torch.equal(scale.view(torch.uint8).to(torch.int32) - 127, exp)
+    assert torch.equal(_torchao_codes(kernels, packed, x.shape), q)
+
+
+def test_nvfp4_equals_torchao():
+    kernels, _, _, ao_nvfp4_quantize, per_tensor_amax_to_scale = _torchao_mx()
+    x = _randn(1, 16 * 128, seed=7).reshape(16, 128) * 0.01  # one row scale: no block far below the tensor amax
+    ts = per_tensor_amax_to_scale(x.abs().amax())
+    assert torch.equal(ts, nvfp4_tensor_scale(x.abs().amax()))
+    ao_scale, packed = ao_nvfp4_quantize(x, per_tensor_scale=ts)
+    q, bs = nvfp4_quantize(x, ts)
+    assert bs.min() > 2.0**-6  # the regime where torchao's 2^-6 floor on block scales does not bite
+    assert torch.equal(ao_scale.float(), bs)
+    assert torch.equal(_torchao_codes(kernels, packed, x.shape), q)

@@ -2,12 +2,16 @@
 
 Two-level scaling (NVIDIA's NVFP4 description; torchao's nvfp4_quantize uses the same recipe):
   s_tensor = amax(|tensor|) / (6 · 448)                      fp32, so that every block scale fits e4m3 (max 448)
-  s_block  = e4m3(amax(|block|) / (6 · s_tensor))            rounded to nearest e4m3 (ties to even), saturated at
+  s_block  = e4m3(amax(|block|) / 6 / s_tensor)              rounded to nearest e4m3 (ties to even), saturated at
                                                              448 and raised to the smallest e4m3 value 2^−9 (so an
                                                              all-zero or vanishing block never divides by zero)
-  q        = round_to_e2m1(x / (s_block · s_tensor))         elements beyond ±6 after the rounded scale saturate
+  q        = round_to_e2m1(x · ((1 / s_tensor) / s_block))   elements beyond ±6 after the rounded scale saturate
   x̂        = q · s_block · s_tensor
-An all-zero tensor gets s_tensor = 1 (its codes are all 0 whatever the scale).
+The fp32 operations run in that order, as in torchao's nvfp4_quantize (which says it matches NVIDIA's MSLK Triton
+kernel): the codes and block scales equal torchao's bit for bit, except that torchao raises block scales to 2^−6
+(the smallest normal e4m3) where we allow e4m3's subnormals down to 2^−9 — they differ only for blocks whose amax
+is below 2^−6 · 6 · s_tensor, i.e. under 1/75000 of the tensor's amax. An all-zero tensor gets s_tensor = 1 (its
+codes are all 0 whatever the scale).
 
 Activations: the "tensor" of the fp32 scale is one token row (fake_nvfp4_act), not the whole batch, so the rollout
 policy's probabilities of a sequence never depend on which other sequences share its batch (the IS weights need
@@ -45,8 +49,8 @@ def nvfp4_quantize(x: torch.Tensor, tensor_scale: torch.Tensor) -> tuple[torch.T
     check_blockable(x, "nvfp4_quantize")
     xb = to_blocks(x, NVFP4_BLOCK)  # [..., nb, 16]
     ts = tensor_scale.float()[..., None]  # [..., 1] against [..., nb]
-    block_scale = round_to_e4m3(xb.abs().amax(dim=-1) / (E2M1_MAX * ts))  # [..., nb]
-    q = round_to_e2m1(xb / (block_scale * ts).unsqueeze(-1))  # [..., nb, 16]
+    block_scale = round_to_e4m3(xb.abs().amax(dim=-1) / E2M1_MAX / ts)  # [..., nb]
+    q = round_to_e2m1(xb * ((1.0 / ts) / block_scale).unsqueeze(-1))  # [..., nb, 16]
     return from_blocks(q, x.shape[-1]), block_scale
 
 
@@ -54,7 +58,7 @@ def nvfp4_dequantize(q: torch.Tensor, block_scale: torch.Tensor, tensor_scale: t
     """q [..., K], block_scale [..., nb], tensor_scale [] or broadcastable to q.shape[:-1] -> [..., K] fp32."""
     qb = to_blocks(q, NVFP4_BLOCK)  # [..., nb, 16]
     ts = tensor_scale.float()[..., None, None]  # [..., 1, 1]
-    return from_blocks(qb * block_scale.unsqueeze(-1) * ts, q.shape[-1])
+    return from_blocks(qb * block_scale.unsqueeze(-1) * ts, q.shape[-1])  # (q · s_block, exact) · s_tensor
 
 
 def fake_nvfp4_weight(w: torch.Tensor) -> torch.Tensor:
