@@ -145,6 +145,25 @@ def test_fp4_moves_log_probs_more_than_fp8(dtype, masking):
         assert 2 * delta["fp8"] < delta[fmt] < 0.15, delta
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+def test_qwen_block_linears_are_fp4_and_the_head_stays(fmt):
+    pytest.importorskip("transformers")
+    from dllm_ais.models.qwen import tiny_qwen
+
+    model = tiny_qwen(seed=0)
+    fp4 = quantize_model(model, fmt)
+    projections = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                   "mlp.up_proj", "mlp.down_proj")
+    expected = {f"model.layers.{i}.{name}" for i in range(model.config.num_hidden_layers) for name in projections}
+    assert {n for n, m in fp4.named_modules() if isinstance(m, FP4Linear)} == expected
+    assert type(fp4.lm_head) is nn.Linear and fp4.get_output_embeddings() is fp4.lm_head
+    ids = torch.randint(5, 101, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref, out = model(ids).logits, fp4(ids).logits
+    assert torch.isfinite(out).all() and not torch.allclose(out, ref, atol=1e-4)
+    assert (out.log_softmax(-1) - ref.log_softmax(-1)).abs().mean() < 0.15
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # sync
 
@@ -191,11 +210,20 @@ def test_sync_from_a_lora_master_equals_a_fresh_quantisation_in_place(fmt):
 # training
 
 
-@pytest.mark.parametrize("fmt", FMTS)
-def test_three_steps_of_training_with_fp4_rollouts(tmp_path, fmt):
-    p = get_preset("tiny-cpu")
+GRADED_REWARD = (
+    "def reward(prompts, completions, **columns):\n"
+    "    return [sum(ch.isdigit() for ch in c) / 4 for c in completions]\n"  # graded: groups have spread
+)
+
+
+@pytest.mark.parametrize("preset,fmt", [("tiny-cpu", "nvfp4"), ("tiny-cpu", "mxfp4"), ("tiny-qwen", "mxfp4")])
+def test_three_steps_of_training_with_fp4_rollouts(tmp_path, monkeypatch, preset, fmt):
+    name = f"graded_reward_fp4_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(GRADED_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = get_preset(preset)
     train = replace(p.train, steps=3, prompts_per_step=2, sft_steps=3, sft_batch_size=8, mismatch_num_draws=2,
-                    rollout_precision="fp4", fp4_format=fmt)
+                    rollout_precision="fp4", fp4_format=fmt, reward_fn=f"{name}:reward")
     run = tmp_path / "run"
     run_training(replace(p, train=train, grpo=replace(p.grpo, num_generations=4)), run, progress=False)
     rows = M.read_metrics(run)
@@ -206,7 +234,8 @@ def test_three_steps_of_training_with_fp4_rollouts(tmp_path, fmt):
     assert any(r[M.AIS_DIVERGENCE] > 0 for r in rows)  # the rollout policy really differs from the master
     start = load_file(str(run / "sft" / "model.safetensors"))
     end = load_file(str(RunDir(run).latest() / "model" / "model.safetensors"))
-    assert all(not torch.equal(start[k], end[k]) for k in start)
+    weights = [k for k in start if start[k].dim() == 2]  # linears and embeddings
+    assert len(weights) >= 16 and all(not torch.equal(start[k], end[k]) for k in weights)
 
 
 def test_cli_flags(capsys):
