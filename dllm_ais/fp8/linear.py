@@ -25,6 +25,9 @@ peft LoRA: a LoRA-wrapped Linear (a module with `base_layer`, `lora_A`, `lora_B`
 counts as one linear layer whose weight is W + Σ_active scaling·B@A, merged on the fly exactly as peft's merge rounds
 it, without touching the master. Module names are compared after removing peft's `base_model.model.` prefix and
 `.base_layer` components, so a copy made from the plain model syncs from its LoRA-wrapped master and vice versa.
+
+The model walking is shared with the emulated FP4 copy (dllm_ais.fp4.linear): quantized_copy builds a copy with any
+layer factory, and sync_weights refills every QuantizedLinear (FP8Linear, FP4Linear) in place.
 """
 
 from __future__ import annotations
