@@ -49,10 +49,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale)
     model, tokenizer = family(model_cfg.family).load(model_cfg)
+    if args.fp8 and args.fp4:
+        raise ValueError("use --fp8 or --fp4, not both")
     if args.fp8:
         from dllm_ais.fp8.linear import quantize_model
 
         model = quantize_model(model, backend=args.backend)
+    elif args.fp4:
+        from dllm_ais.fp4.linear import quantize_model as quantize_model_fp4
+
+        model = quantize_model_fp4(model, fmt=args.fp4_format)
     prompts = args.prompt or (TINY_PROMPTS if model_cfg.path is None else ["What is 12 * 7? Think step by step."])
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
@@ -70,6 +76,7 @@ def _train_preset(args: argparse.Namespace):
     preset = get_preset(args.preset)
     train = override(preset.train, task=args.task, data_path=args.data, reward_fn=args.reward_fn, steps=args.steps,
                      rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
+                     fp4_format=args.fp4_format,
                      learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
                      save_every=args.save_every, tensorboard=args.tensorboard or None)
     if args.task and args.task != preset.train.task:
@@ -118,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps")
     p.add_argument("--lr", type=float, default=None, help="learning rate")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps (tiny default: 300)")
-    p.add_argument("--rollout-precision", default=None, choices=["bf16", "fp8"])
+    p.add_argument("--rollout-precision", default=None, choices=["bf16", "fp8", "fp4"])
     p.add_argument("--fp8-backend", default=None, help="torch (CPU), triton, cublas, torchao, scaled_mm (row-wise), "
                    "auto (fastest block backend per shape)")
+    p.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of --rollout-precision "
+                   "fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
     p.add_argument("--correction", default=None, choices=["none", "is", "tis", "mis", "ais"])
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
     p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
@@ -137,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8", action="store_true", help="sample with the FP8 rollout copy (blockwise e4m3 linears)")
     p.add_argument("--backend", default="torch", help="FP8 GEMM backend: torch (reference, CPU), triton, cublas, "
                    "torchao, scaled_mm (row-wise), auto (fastest block backend per shape)")
+    p.add_argument("--fp4", action="store_true", help="sample with the emulated FP4 rollout copy (W4A4)")
+    p.add_argument("--fp4-format", default="nvfp4", choices=["nvfp4", "mxfp4"], help="FP4 format for --fp4")
     p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
     p.set_defaults(func=cmd_sample)
     from dllm_ais.evaluate import add_eval_arguments, cmd_eval

@@ -77,7 +77,8 @@ class SamplerConfig:
         return self.gen_length // self.block_length
 
 
-ROLLOUT_PRECISIONS = ("bf16", "fp8")
+ROLLOUT_PRECISIONS = ("bf16", "fp8", "fp4")
+FP4_FORMATS = ("nvfp4", "mxfp4")  # dllm_ais.fp4.FORMATS (not imported here: config stays light)
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,12 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1
     """Split each update's batch into this many micro-batches (memory); one optimizer step per update."""
     rollout_precision: str = "fp8"
-    """Rollout policy μ: `fp8` (FP8 copy of the master, resynced after every step) or `bf16` (the master itself)."""
+    """Rollout policy μ: `fp8` (FP8 copy of the master, resynced after every step), `fp4` (emulated W4A4 FP4 copy,
+    resynced likewise; numerics only, no speedup without Blackwell FP4 tensor cores) or `bf16` (the master itself)."""
     fp8_backend: str = "torch"
     """FP8 GEMM backend of the rollout copy: torch (reference, CPU), triton, scaled_mm, torchao."""
+    fp4_format: str = "nvfp4"
+    """FP4 format of an `fp4` rollout copy: nvfp4 (16-blocks, e4m3 + fp32 scales) or mxfp4 (32-blocks, e8m0 scales)."""
     mismatch_num_draws: int = 4
     """K mask draws of the coupled ELBO estimate of ℓ = log π_old − log μ (diffusion backends)."""
     p_mask_prompt: float = 0.15
@@ -145,6 +149,8 @@ class TrainConfig:
         if self.rollout_precision not in ROLLOUT_PRECISIONS:
             raise ValueError(f"TrainConfig.rollout_precision={self.rollout_precision!r}: use one of "
                              f"{', '.join(ROLLOUT_PRECISIONS)}.")
+        if self.fp4_format not in FP4_FORMATS:
+            raise ValueError(f"TrainConfig.fp4_format={self.fp4_format!r}: use one of {', '.join(FP4_FORMATS)}.")
         if not 0.0 <= self.p_mask_prompt < 1.0:
             raise ValueError(f"TrainConfig.p_mask_prompt={self.p_mask_prompt} must be in [0, 1).")
         if self.learning_rate <= 0 or self.sft_learning_rate <= 0:

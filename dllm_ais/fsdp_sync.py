@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dllm_ais.fp8.linear import (
-    FP8Linear,
+    QuantizedLinear,
     _is_linear,
     _is_lora_layer,
     _is_peft_root,
@@ -69,7 +69,7 @@ def sync_weights_sharded(master: nn.Module, rollout: nn.Module) -> None:
     master_layers = {canonical_name(n, master_peft): m for n, m in _linear_layers(master).items()}
     done: list[str] = []
     for name, layer in rollout.named_modules():
-        if not isinstance(layer, FP8Linear):
+        if not isinstance(layer, QuantizedLinear):
             continue
         source = master_layers.get(canonical_name(name, rollout_peft))
         if source is None:

@@ -103,6 +103,22 @@ def compute_rewards(reward_fn, prompts: list[str], completions: list[str], rows:
     return out
 
 
+def _fp8_rollout(master, tc):
+    from dllm_ais.fp8.linear import quantize_model
+
+    return quantize_model(master, backend=tc.fp8_backend)
+
+
+def _fp4_rollout(master, tc):
+    from dllm_ais.fp4.linear import quantize_model
+
+    return quantize_model(master, fmt=tc.fp4_format)
+
+
+# TrainConfig.rollout_precision -> (BF16 master, TrainConfig) -> rollout policy μ (the master itself for bf16)
+_ROLLOUT_BUILDERS = {"bf16": lambda master, tc: master, "fp8": _fp8_rollout, "fp4": _fp4_rollout}
+
+
 class Trainer:
     """Runs the loop for one Preset in one run directory."""
 
@@ -121,8 +137,8 @@ class Trainer:
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
         self.fsdp = self.acc.distributed_type == DistributedType.FSDP
         if self.fsdp and self.tc.rollout_precision != "bf16" and not getattr(self.acc, "is_fsdp2", False):
-            raise ValueError("FP8 rollouts under FSDP need FSDP2 (its DTensor shards are gathered one layer at a "
-                             "time into the FP8 copy); set fsdp_version: 2 in accelerate's fsdp_config, or use "
+            raise ValueError("FP8/FP4 rollouts under FSDP need FSDP2 (its DTensor shards are gathered one layer at a "
+                             "time into the quantised copy); set fsdp_version: 2 in accelerate's fsdp_config, or use "
                              "--rollout-precision bf16.")
         model = policy.model
         params = [p for p in model.parameters() if p.requires_grad]
@@ -167,11 +183,7 @@ class Trainer:
         return hasattr(self.master, "disable_adapter")
 
     def _make_rollout_model(self):
-        if self.tc.rollout_precision == "bf16":
-            return self.master
-        from dllm_ais.fp8.linear import quantize_model
-
-        return quantize_model(self.master, backend=self.tc.fp8_backend)
+        return _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
 
     def _sync_rollout(self) -> None:
         if self.rollout_model is not self.master:
@@ -180,7 +192,7 @@ class Trainer:
 
                 sync_weights_sharded(self.master, self.rollout_model)
                 return
-            from dllm_ais.fp8.linear import sync_weights
+            from dllm_ais.fp8.linear import sync_weights  # refills FP8Linear and FP4Linear alike
 
             sync_weights(self.master, self.rollout_model)
 

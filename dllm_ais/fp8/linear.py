@@ -32,6 +32,9 @@ peft LoRA: a LoRA-wrapped Linear (a module with `base_layer`, `lora_A`, `lora_B`
 counts as one linear layer whose weight is W + Σ_active scaling·B@A, merged on the fly exactly as peft's merge rounds
 it, without touching the master. Module names are compared after removing peft's `base_model.model.` prefix and
 `.base_layer` components, so a copy made from the plain model syncs from its LoRA-wrapped master and vice versa.
+
+The model walking is shared with the emulated FP4 copy (dllm_ais.fp4.linear): quantized_copy builds a copy with any
+layer factory, and sync_weights refills every QuantizedLinear (FP8Linear, FP4Linear) in place.
 """
 
 from __future__ import annotations
@@ -410,7 +413,15 @@ _QUANTIZE_INTO = {"block": _quantize_block_into, "row": _quantize_row_into}
 # the layer
 
 
-class FP8Linear(nn.Module):
+class QuantizedLinear(nn.Module):
+    """Base of the rollout copy's low-precision linears (FP8Linear here, dllm_ais.fp4's FP4Linear): sync_weights finds
+    them by this type and refills each with `load_weight_(weight, bias)`."""
+
+    def load_weight_(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        raise NotImplementedError
+
+
+class FP8Linear(QuantizedLinear):
     """y = x @ W^T + b with W held as e4m3 codes + fp32 scales and x quantised dynamically (inference only).
 
     Buffers: weight_q [N, K] float8_e4m3fn; weight_scale [ceil(N/128), ceil(K/128)] fp32 ("block" backends) or
@@ -617,6 +628,28 @@ def quantize_model(
     Raises FP8BackendError / FP8LayerError, naming the backend or layer and the alternatives, before copying anything.
     """
     check_backend(backend)
+
+    def check(name: str, linear: nn.Linear) -> None:
+        check_layer_shape(name, linear.in_features, linear.out_features)
+        check_backend(backend, linear.weight.device)
+
+    def make(name: str, module: nn.Module) -> nn.Module:
+        return FP8Linear.from_linear(module, backend, name=name)
+
+    return quantized_copy(model, make, exclude, check)
+
+
+@torch.no_grad()
+def quantized_copy(
+    model: nn.Module,
+    make_layer: Callable[[str, nn.Module], nn.Module],
+    exclude: Callable[[str], bool] | None = None,
+    check: Callable[[str, nn.Linear], None] | None = None,
+) -> nn.Module:
+    """A copy of `model` (eval mode, requires_grad off) in which every block linear is replaced by
+    make_layer(qualified name, linear or LoRA-wrapped linear) — the layer selection quantize_model documents (LM head
+    and `exclude`d canonical names kept). `check(canonical name, base nn.Linear)` runs on every target first and may
+    raise before anything is copied."""
     peft_root = _is_peft_root(model)
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
@@ -626,30 +659,30 @@ def quantize_model(
             continue
         if exclude is not None and exclude(canonical_name(name, peft_root)):
             continue
-        linear = _base_linear(module)
-        check_layer_shape(canonical_name(name, peft_root), linear.in_features, linear.out_features)
-        check_backend(backend, linear.weight.device)
+        if check is not None:
+            check(canonical_name(name, peft_root), _base_linear(module))
         targets[name] = module
 
     rollout = copy.deepcopy(model, _copy_memo(model, list(targets)))
     for name, module in targets.items():
-        _set_submodule(rollout, name, FP8Linear.from_linear(module, backend, name=name))
+        _set_submodule(rollout, name, make_layer(name, module))
     rollout.requires_grad_(False)
     return rollout.eval()
 
 
 @torch.no_grad()
 def sync_weights(master: nn.Module, rollout: nn.Module) -> None:
-    """Copy the BF16 master's current weights into the FP8 rollout copy, in place (no buffer is reallocated).
+    """Copy the BF16 master's current weights into the FP8 (or FP4) rollout copy, in place (no buffer is reallocated).
 
-    Each FP8Linear of `rollout` is requantised from the master's linear of the same canonical name (a LoRA layer is
-    merged on the fly; the master is not modified); a plain linear of `rollout` whose master layer carries LoRA (e.g. a
-    LoRA-adapted LM head) gets the merged weight; every other parameter and buffer of `rollout` (embeddings, norms,
-    LM head, excluded linears) is copy_'d from the master tensor of the same canonical name.
+    Each QuantizedLinear (FP8Linear, FP4Linear) of `rollout` is requantised from the master's linear of the same
+    canonical name (a LoRA layer is merged on the fly; the master is not modified); a plain linear of `rollout` whose
+    master layer carries LoRA (e.g. a LoRA-adapted LM head) gets the merged weight; every other parameter and buffer
+    of `rollout` (embeddings, norms, LM head, excluded linears) is copy_'d from the master tensor of the same
+    canonical name.
     """
     master_peft, rollout_peft = _is_peft_root(master), _is_peft_root(rollout)
     master_layers = {canonical_name(n, master_peft): m for n, m in _linear_layers(master).items()}
-    fp8_layers = {n: m for n, m in rollout.named_modules() if isinstance(m, FP8Linear)}
+    fp8_layers = {n: m for n, m in rollout.named_modules() if isinstance(m, QuantizedLinear)}
     missing = [n for n in fp8_layers if canonical_name(n, rollout_peft) not in master_layers]
     if missing:
         raise KeyError(f"sync_weights: the master has no linear layer for these FP8 layers of the rollout: {missing}")
