@@ -36,6 +36,8 @@ MISMATCH_K3_TOKEN = "mismatch/k3_token"
 MISMATCH_KL_TOKEN_BF16 = "mismatch/kl_token_bf16"
 """train_forward=aligned only: mismatch/kl_token of the plain BF16 forward on the same rollouts (what alignment
 removed is kl_token_bf16 − kl_token)."""
+MISMATCH_KL_BF16 = "mismatch/kl_bf16"
+"""train_forward=aligned, sequence level: mismatch/kl (mean −ℓ/L) of the plain BF16 forward, same rollouts and masks."""
 CORR_FRAC_ABOVE = "corr/frac_above"
 CORR_FRAC_BELOW = "corr/frac_below"
 CORR_REJECT_FRAC = "corr/reject_frac"

@@ -197,6 +197,11 @@ class Trainer:
             if cc.train_forward == "aligned":  # what alignment removed: the plain forward on the same rollouts
                 plain = backend.token_logp(self.master, rollout, seed)
                 metrics[M.MISMATCH_KL_TOKEN_BF16] = float(masked_mean(k1(plain.double() - logp_roll.double()), mask))
+                if cc.correction_level == "sequence":  # same mask draws (same generator seed) as the aligned ℓ
+                    plain_lw = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
+                        self.tc.seed, self.step, "mismatch", self.acc.device), "sequence")  # [B]
+                    lengths = mask.sum(-1)
+                    metrics[M.MISMATCH_KL_BF16] = float(masked_mean(-plain_lw / lengths.clamp(min=1), lengths > 0))
         corr = correct(log_w, adv, mask, cc, prev_lam=self.prev_lam, token_log_w=token_log_w)
         metrics.update(corr.metrics())
         return corr, metrics

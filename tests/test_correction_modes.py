@@ -262,7 +262,7 @@ def test_every_mode_is_the_identity_when_mu_equals_pi_old(kwargs, loss_type):
 # ---------------------------------------------------------------------------------------------------- diagnostics
 
 def test_rollout_diagnostics_hand_computed():
-    """Two sequences: π_old log-probs (ln .5, ln .25) and (ln .8, pad); μ log-probs (ln .25, ln .25) and (ln .4, pad)."""
+    """Two sequences: π_old log-probs (ln .5, ln .25), (ln .8, pad); μ log-probs (ln .25, ln .25), (ln .4, pad)."""
     old = _t([[LN(0.5), LN(0.25)], [LN(0.8), NAN]])
     roll = _t([[LN(0.25), LN(0.25)], [LN(0.4), NAN]])
     mask = torch.tensor([[True, True], [True, False]])
