@@ -5,8 +5,12 @@ The trainer never branches on diffusion vs autoregressive: it calls a `Backend`.
 - `token_logp(model, rollout, seed, rows=None)` -> [B, L] (or [len(rows), L]) per-token log-probs used in the GRPO
   ratio π_θ / π_old; `seed` fixes any estimator noise for the whole batch, so θ on a micro-batch of rows, π_old and
   the reference on the full batch all see the same masks.
-- `mismatch_log_w(model_old, model_rollout, rollout, generator)` -> ℓ = log π_old − log μ, [B] (sequence level) or
-  [B, L] (token level, where the backend has exact per-token log-probs).
+- `mismatch_log_w(model_old, model_rollout, rollout, generator, level)` -> ℓ = log π_old − log μ, [B] (sequence
+  level) or [B, L] (token / geometric level: exact per-token log-ratios for AR; for diffusion the one-step
+  estimator's per-token log-ratios, estimator values, not exact ones).
+- `rollout_token_logp(model_rollout, rollout, seed, rows=None)` -> [B, L] per-token log μ on the same footing as
+  `token_logp` (AR: the sampler's exact log-probs; diffusion: the one-step estimator under the rollout model with
+  the same masks), for the per-token mismatch diagnostics, rejection and bypass (π_old := μ).
 - `sft_loss(model, prompt_ids, prompt_mask, completion_ids, generator)` -> [] supervised warm-up loss.
 """
 
@@ -33,6 +37,9 @@ class Backend(Protocol):
 
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator: torch.Generator,
                        level: str) -> torch.Tensor: ...
+
+    def rollout_token_logp(self, model_rollout, rollout: Rollout, seed: int,
+                           rows: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def sft_loss(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                  generator: torch.Generator) -> torch.Tensor: ...
@@ -69,10 +76,17 @@ class DiffusionBackend:
                                  rollout.completion_ids[idx], prompt_masked=masked[idx],
                                  mask_token_id=self.mask_token_id)
 
+    def rollout_token_logp(self, model_rollout, rollout: Rollout, seed: int,
+                           rows: torch.Tensor | None = None) -> torch.Tensor:
+        return self.token_logp(model_rollout, rollout, seed, rows)
+
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
-        if level != "sequence":
-            raise ValueError("diffusion models have sequence-level mismatch weights only (coupled ELBO); set "
-                             "correction_level='sequence'.")
+        if level != "sequence":  # token / geometric: the one-step estimator's per-token log-ratios (same masks)
+            if model_old is model_rollout:
+                return torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
+            per_token = self.token_logp(model_old, rollout, seed) - self.token_logp(model_rollout, rollout, seed)
+            return torch.where(rollout.completion_mask, per_token, 0.0)
         if model_old is model_rollout:  # BF16 rollouts: μ = π_old exactly
             return torch.zeros(rollout.completion_ids.shape[0], device=rollout.completion_ids.device)
         from dllm_ais.likelihood.ratio import coupled_log_ratio
@@ -123,16 +137,22 @@ class AutoregressiveBackend:
         return completion_logprobs(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
                                    rollout.completion_ids[idx], temperature=self._temperature)
 
+    def rollout_token_logp(self, model_rollout, rollout: Rollout, seed: int,
+                           rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rollout.logp_rollout is None:
+            raise ValueError("the rollout carries no logp_rollout; sample with AutoregressiveBackend.sample.")
+        return rollout.logp_rollout if rows is None else rollout.logp_rollout[rows]
+
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
         mask = rollout.completion_mask
         if model_old is model_rollout:  # BF16 rollouts: μ = π_old exactly
             zeros = torch.zeros(mask.shape, device=mask.device)
-            return zeros if level == "token" else zeros.sum(-1)
+            return zeros if level != "sequence" else zeros.sum(-1)
         if rollout.logp_rollout is None:
             raise ValueError("the rollout carries no logp_rollout; sample with AutoregressiveBackend.sample.")
         per_token = self.token_logp(model_old, rollout, 0) - rollout.logp_rollout  # [B, L]
         per_token = torch.where(mask, per_token, 0.0)
-        return per_token if level == "token" else per_token.sum(-1)
+        return per_token if level != "sequence" else per_token.sum(-1)
 
     def sft_loss(self, model, prompt_ids, prompt_mask, completion_ids, generator) -> torch.Tensor:
         from dllm_ais.likelihood.autoregressive import completion_logprobs

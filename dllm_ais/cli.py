@@ -37,6 +37,34 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
 
 
+def _add_correction_args(p: argparse.ArgumentParser) -> None:
+    from dllm_ais.rl_config import AIS_TARGETS, CORRECTION_LEVELS, CORRECTIONS, LOSS_TYPES, TRAIN_FORWARDS, TRL_ALIASES
+
+    p.add_argument("--correction", default=None, choices=[*CORRECTIONS, *TRL_ALIASES],
+                   help="mismatch correction (docs/corrections.md); TRL's token_truncate / token_mask / "
+                   "sequence_truncate / sequence_mask also set --correction-level")
+    p.add_argument("--correction-level", default=None, choices=CORRECTION_LEVELS,
+                   help="weight per sequence, per token, or geometric (exp of the mean token log-ratio)")
+    p.add_argument("--is-cap", type=float, default=None, help="C: TIS cap / MIS upper threshold (TRL's clip max)")
+    p.add_argument("--is-cap-min", type=float, default=None, help="MIS lower threshold (TRL's clip min; 0 = none)")
+    p.add_argument("--band", type=float, nargs=2, metavar=("LOW", "HIGH"), default=None,
+                   help="--correction band (IcePop): keep weights in [LOW, HIGH], zero outside (default 0.5 5)")
+    p.add_argument("--ais-target", default=None, choices=AIS_TARGETS, help="the full-IS mode AIS mixes towards")
+    p.add_argument("--reject", default=None, metavar="STAT:AGG:THRESHOLD",
+                   help="reject samples by divergence, e.g. k3:seq_mean:0.01 (k1|k2|k3 : token|seq_sum|seq_mean|"
+                   "seq_max), or none")
+    p.add_argument("--normalize-weights", action="store_true", help="normalise the weights to batch mean 1")
+    p.add_argument("--bypass", action="store_true",
+                   help="use the rollout policy as pi_old (skip the BF16 old-policy pass)")
+    p.add_argument("--train-forward", default=None, choices=TRAIN_FORWARDS,
+                   help="aligned: fake-quantise the training forward like the FP8 rollout copy (QaRL)")
+    p.add_argument("--loss-type", default=None, choices=LOSS_TYPES, help="GRPO loss aggregation, or tbpo (QaRL)")
+    p.add_argument("--dual-clip", type=float, default=None, help="tbpo: dual-clip bound c > 1 for negative Â")
+    p.add_argument("--mask-error-completions", type=float, default=None, metavar="FRAC",
+                   help="drop completions whose repeated-n-gram fraction exceeds FRAC from the loss")
+    p.add_argument("--error-ngram", type=int, default=None, help="n of the repeated-n-gram detector (default 4)")
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
@@ -82,7 +110,22 @@ def _train_preset(args: argparse.Namespace):
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
-                   train=train, correction=override(preset.correction, correction=args.correction))
+                   train=train, **_correction_overrides(args, preset))
+
+
+def _correction_overrides(args: argparse.Namespace, preset) -> dict:
+    """The correction / loss flags of `train` (docs/corrections.md) as replaced `correction` and `grpo` configs."""
+    from dllm_ais.rl_config import parse_reject
+
+    band = args.band or (None, None)
+    reject = parse_reject(args.reject) if args.reject else {}
+    correction = override(preset.correction, correction=args.correction, correction_level=args.correction_level,
+                          is_cap=args.is_cap, is_cap_min=args.is_cap_min, band_low=band[0], band_high=band[1],
+                          ais_target=args.ais_target, normalize_weights=args.normalize_weights or None,
+                          bypass=args.bypass or None, train_forward=args.train_forward, **reject)
+    grpo = override(preset.grpo, loss_type=args.loss_type, dual_clip=args.dual_clip, error_ngram=args.error_ngram,
+                    error_mask_threshold=args.mask_error_completions)
+    return {"correction": correction, "grpo": grpo}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -130,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "auto (fastest block backend per shape)")
     p.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of --rollout-precision "
                    "fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
-    p.add_argument("--correction", default=None, choices=["none", "is", "tis", "mis", "ais"])
+    _add_correction_args(p)
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
     p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
     p.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb")

@@ -1,4 +1,4 @@
-"""Mismatch corrections for FP8 rollouts: none / is / tis / mis / ais, and the AIS diagnostics (DESIGN.md §4).
+"""Mismatch corrections for FP8 rollouts: none / is / tis / mis / band / ais, and the AIS diagnostics (DESIGN.md §4).
 
 Input: mismatch log-weights log_w = logp_old − logp_rollout, per sequence ([B]) or per token ([B, L]), the
 advantages Â ([B]) and the completion mask ([B, L]). Output: a detached weight ω that multiplies the per-token GRPO
@@ -14,7 +14,11 @@ over the valid samples:
     V = Var(w̃ Â) / Var(Â)    (V = 1 when Var(Â) ≈ 0)          variance_amplification
     g = min(1, 1 / V)                                        damping
     λ = clip(s · R · g, 0, 1), then optionally EMA across steps
-    ω = (1 − λ) + λ w̃                                        (correction "ais")
+    ω = (1 − λ) + λ ω_target                                 (correction "ais"; target tis: ω_target = w̃)
+
+Levels: `sequence` (ℓ_i per completion), `token` (ℓ_it), `geometric` (ℓ̄_i = mean_t ℓ_it, verl's seq_mean; len = 1).
+Then optionally: divergence rejection (ω = 0 for samples whose k1/k2/k3 statistic exceeds a threshold,
+mismatch_stats.reject_keep) and batch normalisation of ω to mean 1. All formulas: docs/corrections.md.
 
 Masked positions never influence anything: invalid log-weights (NaN, ±inf, garbage) are replaced with torch.where
 before any arithmetic, and ω is 1 there. Empty batches give the neutral values R = 1, D = 0, V = 1, λ = 0.
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_ais.mismatch_stats import reject_keep
 from dllm_ais.rl_config import CorrectionConfig
 
 VAR_EPS = 1e-12
@@ -121,40 +126,67 @@ def ema(lam_batch: torch.Tensor, prev_lam: torch.Tensor | float | None, beta: fl
 
 
 # ------------------------------------------------------------------------------------------------------- weights ω
-# Sibling functions chosen once by name. Arguments: w = exp(ℓ̂), w_trunc = min(w, C), lam = λ, cap = C.
+# Full-IS modes: sibling functions w -> ω chosen once by name (w = exp(ℓ̂), any shape; cfg gives the thresholds).
 
-def omega_none(w: torch.Tensor, w_trunc: torch.Tensor, lam: torch.Tensor, cap: float) -> torch.Tensor:
+def omega_none(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
     """No correction: ω ≡ 1."""
     return torch.ones_like(w)
 
 
-def omega_is(w: torch.Tensor, w_trunc: torch.Tensor, lam: torch.Tensor, cap: float) -> torch.Tensor:
+def omega_is(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
     """Plain importance sampling: ω = w (≤ e^clamp, finite)."""
     return w
 
 
-def omega_tis(w: torch.Tensor, w_trunc: torch.Tensor, lam: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated IS: ω = min(w, C)."""
-    return w_trunc
+def omega_tis(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
+    """Truncated IS (TIS; TRL's *_truncate): ω = min(w, C)."""
+    return w.clamp(max=cfg.is_cap)
 
 
-def omega_mis(w: torch.Tensor, w_trunc: torch.Tensor, lam: torch.Tensor, cap: float) -> torch.Tensor:
-    """Masked IS: keep ω = w where w <= C, drop the sample (ω = 0) where w > C."""
-    return torch.where(w <= cap, w, 0)
+def omega_mis(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
+    """Masked IS (MIS; TRL's *_mask): ω = w where C_min <= w <= C, the sample is dropped (ω = 0) elsewhere."""
+    return torch.where((w <= cfg.is_cap) & (w >= cfg.is_cap_min), w, 0)
 
 
-def omega_ais(w: torch.Tensor, w_trunc: torch.Tensor, lam: torch.Tensor, cap: float) -> torch.Tensor:
-    """AIS: ω = (1 − λ) + λ min(w, C), so the gradient is (1 − λ) ĝ_none + λ ĝ_tis exactly."""
-    return (1 - lam) + lam * w_trunc
+def omega_band(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
+    """IcePop's two-sided band: ω = w where band_low <= w <= band_high, 0 outside."""
+    return torch.where((w >= cfg.band_low) & (w <= cfg.band_high), w, 0)
 
 
-CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+FULL_IS: dict[str, Callable[[torch.Tensor, CorrectionConfig], torch.Tensor]] = {
     "none": omega_none,
     "is": omega_is,
     "tis": omega_tis,
     "mis": omega_mis,
+    "band": omega_band,
+}
+
+
+def omega_ais(w: torch.Tensor, lam: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
+    """AIS: ω = (1 − λ) + λ ω_target, so the gradient is (1 − λ) ĝ_none + λ ĝ_target exactly."""
+    return (1 - lam) + lam * FULL_IS[cfg.ais_target](w, cfg)
+
+
+CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, CorrectionConfig], torch.Tensor]] = {
+    **{name: (lambda w, lam, cfg, _f=f: _f(w, cfg)) for name, f in FULL_IS.items()},
     "ais": omega_ais,
 }
+"""correction -> ω(w, λ, cfg)."""
+
+
+def mode_bounds(cfg: CorrectionConfig) -> tuple[float, float]:
+    """(lower, upper) thresholds of the applied mode (AIS: its target), for the above/below-fraction diagnostics:
+    band -> [band_low, band_high]; every other mode -> [C_min, C]."""
+    mode = cfg.ais_target if cfg.correction == "ais" else cfg.correction
+    return (cfg.band_low, cfg.band_high) if mode == "band" else (cfg.is_cap_min, cfg.is_cap)
+
+
+def normalize_mean_one(omega: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """ω / mean(ω over valid kept samples) (verl's batch normalisation); unchanged when that mean is 0.
+    A rejected sample (ω = 0) is not counted in the mean. ω ≡ 1 is returned bit for bit."""
+    kept = valid & (omega != 0)
+    mean = masked_mean(omega, kept)
+    return torch.where(mean > 0, omega / torch.where(mean > 0, mean, 1), omega)
 
 
 # -------------------------------------------------------------------------------------------------------- record
@@ -173,6 +205,11 @@ _METRIC_NAMES = {
     "log_w_max": "ais/log_w_max",
     "mismatch_kl": "mismatch/kl",
     "mismatch_k3": "mismatch/k3",
+    "frac_above": "corr/frac_above",
+    "frac_below": "corr/frac_below",
+    "reject_frac": "corr/reject_frac",
+    "omega_ess": "corr/ess_frac",
+    "omega_mean": "corr/omega_mean",
 }
 
 
@@ -209,6 +246,16 @@ class CorrectionOutput:
     """Per-token k1 estimate of KL(μ ‖ π_old) = mean(−ℓ̂ / len); unbiased but can be negative on a batch."""
     mismatch_k3: torch.Tensor
     """Per-token k3 estimate of KL(μ ‖ π_old) = mean((w − 1 − ℓ̂) / len) >= 0."""
+    frac_above: torch.Tensor
+    """Fraction of valid samples with w above the mode's upper threshold (C, or band_high for band)."""
+    frac_below: torch.Tensor
+    """Fraction of valid samples with w below the mode's lower threshold (C_min, or band_low for band)."""
+    reject_frac: torch.Tensor
+    """Fraction of valid samples (tokens for reject_agg=token, sequences otherwise) rejected by divergence."""
+    omega_ess: torch.Tensor
+    """Normalised ESS (Σ ω)² / (n Σ ω²) of the applied weights ω (0 if every ω is 0; 1 if n = 0)."""
+    omega_mean: torch.Tensor
+    """Mean of the applied ω over valid samples."""
 
     def metrics(self) -> dict[str, float]:
         """Scalar metrics under DESIGN.md §8 names (one device sync)."""
@@ -219,38 +266,52 @@ class CorrectionOutput:
 # ----------------------------------------------------------------------------------------------------------- main
 
 def correct(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: CorrectionConfig,
-            prev_lam: torch.Tensor | float | None = None) -> CorrectionOutput:
+            prev_lam: torch.Tensor | float | None = None, *,
+            token_log_w: torch.Tensor | None = None) -> CorrectionOutput:
     """Compute ω and the AIS diagnostics for one batch.
 
-    log_w:    [B] (cfg.correction_level = sequence) or [B, L] (token) log π_old − log μ; any value (NaN, ±inf)
-              where not counted. A NaN at a counted position propagates (a loud upstream bug, never hidden).
+    log_w:    cfg.correction_level = sequence: [B] (or [B, L] per-token, summed over counted tokens);
+              token or geometric: [B, L] per-token log π_old − log μ. Any value (NaN, ±inf) where not counted.
+              A NaN at a counted position propagates (a loud upstream bug, never hidden).
     adv:      [B] advantages Â.
     mask:     [B, L] bool, completion tokens that count. Sequence level: L_i = mask[i].sum(), and a sequence
               with no counted token is not a sample.
     prev_lam: the previous step's `lam` for the EMA (cfg.ais_ema > 0); None on the first step.
+    token_log_w: [B, L] per-token log-weights for divergence rejection (cfg.reject_stat); defaults to log_w when
+              that is [B, L].
     """
     valid_tok = mask.bool()  # [B, L]
     lengths = valid_tok.sum(-1)  # [B]
     if adv.shape != lengths.shape:
         raise ValueError(f"adv must have shape [B] = {tuple(lengths.shape)}, got {tuple(adv.shape)}.")
-    if cfg.correction_level == "sequence":
-        if log_w.shape != lengths.shape:
-            raise ValueError(f"correction_level='sequence' needs log_w of shape [B] = {tuple(lengths.shape)}, got "
-                             f"{tuple(log_w.shape)}; pass per-token log-weights with correction_level='token'.")
-        valid = lengths > 0  # [B]
-        per_len = lengths.clamp(min=1)  # [B]
-        adv_s = adv  # [B]
-    else:
-        if log_w.shape != valid_tok.shape:
-            raise ValueError(f"correction_level='token' needs log_w of shape [B, L] = {tuple(valid_tok.shape)}, "
-                             f"got {tuple(log_w.shape)}; pass per-sequence log-weights with correction_level="
-                             "'sequence'.")
+    level = cfg.correction_level
+    per_token_in = log_w.shape == valid_tok.shape
+    if token_log_w is None and per_token_in:
+        token_log_w = log_w
+    if level != "sequence" and not per_token_in:
+        raise ValueError(f"correction_level={level!r} needs per-token log_w of shape [B, L] = "
+                         f"{tuple(valid_tok.shape)}, got {tuple(log_w.shape)}; pass per-sequence log-weights with "
+                         "correction_level='sequence'.")
+    if level == "sequence" and not (per_token_in or log_w.shape == lengths.shape):
+        raise ValueError(f"correction_level='sequence' needs log_w of shape [B] = {tuple(lengths.shape)} (or [B, L]),"
+                         f" got {tuple(log_w.shape)}; pass per-token log-weights with correction_level='token'.")
+    dtype = torch.promote_types(log_w.dtype, torch.float32)
+    if level == "token":
         valid = valid_tok  # [B, L]
         per_len = torch.ones_like(lengths)[:, None]  # [B, 1]
         adv_s = adv[:, None].expand_as(valid_tok)  # [B, L]
+        raw = log_w
+    else:
+        valid = lengths > 0  # [B]
+        adv_s = adv  # [B]
+        raw = torch.where(valid_tok, log_w, 0).sum(-1) if per_token_in else log_w  # [B] sum of token ℓ
+        if level == "geometric":  # verl's seq_mean: ℓ̄_i = mean_t ℓ_it, already per token
+            raw = raw / lengths.clamp(min=1)
+            per_len = torch.ones_like(lengths)
+        else:
+            per_len = lengths.clamp(min=1)  # [B]
 
-    dtype = torch.promote_types(log_w.dtype, torch.float32)
-    lw = safe_log_weights(log_w.detach().to(dtype), valid, cfg.log_w_clamp)  # [B] or [B, L]
+    lw = safe_log_weights(raw.detach().to(dtype), valid, cfg.log_w_clamp)  # [B] or [B, L]
     adv_s = torch.where(valid, adv_s.detach().to(dtype), 0)
     w = lw.exp()
     w_trunc = w.clamp(max=cfg.is_cap)
@@ -264,8 +325,25 @@ def correct(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Cor
     lam_batch = COMBINERS[cfg.ais_combiner](s, r, g)
     lam = ema(lam_batch, prev_lam, cfg.ais_ema)
 
-    omega = CORRECTIONS[cfg.correction](w, w_trunc, lam, cfg.is_cap)
-    omega = torch.where(valid, omega, 1)
+    omega = torch.where(valid, CORRECTIONS[cfg.correction](w, lam, cfg), 1)  # [B] or [B, L]
+    omega_valid = valid
+    reject_frac = lw.new_zeros(())
+    if cfg.reject_stat != "none":
+        if token_log_w is None:
+            raise ValueError("divergence rejection (reject_stat) needs per-token log-weights: pass token_log_w [B, L] "
+                             "or log_w [B, L], or set reject_stat='none' (--reject none).")
+        keep = reject_keep(token_log_w.detach().to(dtype), valid_tok, cfg.reject_stat, cfg.reject_agg,
+                           cfg.reject_threshold)  # [B] or [B, L]
+        reject_frac = masked_mean((~keep).to(dtype), valid_tok if keep.dim() == 2 else lengths > 0)
+        if keep.dim() == 2 and omega.dim() == 1:  # token rejection under a per-sequence weight: ω becomes [B, L]
+            omega, omega_valid = omega[:, None].expand_as(keep), valid_tok
+        elif keep.dim() == 1 and omega.dim() == 2:
+            keep = keep[:, None]
+        omega = torch.where(keep, omega, 0)
+    if cfg.normalize_weights:
+        omega = normalize_mean_one(omega, omega_valid)
+    omega = torch.where(omega_valid, omega, 1)
+    lo, hi = mode_bounds(cfg)
 
     return CorrectionOutput(
         omega=omega, lam=lam, lam_batch=lam_batch, ess_frac=r, divergence=d, severity=s, var_amp=v, damping=g,
@@ -275,4 +353,9 @@ def correct(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Cor
         log_w_max=_masked_extreme(lw, valid, largest=True),
         mismatch_kl=masked_mean(-per_token_lw, valid),
         mismatch_k3=masked_mean((torch.expm1(lw) - lw) / per_len, valid),  # w − 1 − ℓ̂ without cancellation
+        frac_above=masked_mean((w > hi).to(dtype), valid),
+        frac_below=masked_mean((w < lo).to(dtype), valid),
+        reject_frac=reject_frac,
+        omega_ess=ess_fraction(omega, omega_valid),
+        omega_mean=masked_mean(omega, omega_valid),
     )

@@ -9,6 +9,14 @@ Per token t of sequence i (TRL's GRPOTrainer, written out):
     ℓ_it   = ω · surr + β · kl                                ω: [B] or [B, L], detached (dllm_ais/correction.py)
     loss   = aggregate(ℓ) by loss_type
 
+loss_type = tbpo (trust-band policy optimisation, this project's reading of QaRL; docs/corrections.md §TBPO): the
+GSPO sequence ratio s_i = exp(mean_t (logp_train − logp_old)), clipped to the band [1 − ε, 1 + ε_high], and for
+Â_i < 0 the dual clip of dual-clip PPO:
+
+    J_i    = min(s_i Â_i, clip(s_i, 1 − ε, 1 + ε_high) Â_i)
+    J_i    = max(J_i, c Â_i)            when Â_i < 0   (so the per-sequence loss −J_i <= c |Â_i|, c = dual_clip > 1)
+    loss   = mean_i ω̄_i · (−J_i)        (grpo aggregation: mean over each sequence's tokens, then over sequences)
+
 ω multiplies the surrogate only (not the KL), so the loss is affine in ω and the gradient of AIS's ω = (1 − λ) + λ w̃
 is exactly (1 − λ) ∇loss(ω = 1) + λ ∇loss(ω = w̃). Positions outside `mask` are replaced (torch.where) before any
 arithmetic: NaN/inf there never reach the loss or its gradient. Dividing by gradient-accumulation steps is the
@@ -41,6 +49,8 @@ class LossOutput:
     """[] fraction with r > 1 + ε_high and Â > 0."""
     clip_ratio_region: torch.Tensor
     """[] fraction clipped either way (low or high): where the surrogate's gradient is zero."""
+    dual_clip_frac: torch.Tensor | None = None
+    """[] loss_type=tbpo: fraction of non-empty sequences whose loss the dual clip bounds (Â < 0, −J = c|Â|)."""
 
     def metrics(self) -> dict[str, float]:
         """Scalar metrics under DESIGN.md §8 names (one device sync)."""
@@ -48,6 +58,8 @@ class LossOutput:
                  "loss/clip_frac_low": self.clip_ratio_low, "loss/clip_frac_high": self.clip_ratio_high}
         if self.kl is not None:
             names["loss/kl"] = self.kl
+        if self.dual_clip_frac is not None:
+            names["loss/dual_clip_frac"] = self.dual_clip_frac
         values = torch.stack([v.detach().double() for v in names.values()]).tolist()
         return dict(zip(names, values, strict=True))
 
@@ -99,6 +111,7 @@ AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor
     "dr_grpo": aggregate_dr_grpo,
     "bnpo": aggregate_token_mean,
     "dapo": aggregate_token_mean,
+    "tbpo": aggregate_grpo,
 }
 
 
@@ -142,10 +155,18 @@ def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
     logp = torch.where(valid, logp_train, 0)  # [B, L]
     old = torch.where(valid, logp_old.detach(), 0)  # [B, L]
     a = torch.where(has_tokens, adv.detach(), 0)[:, None]  # [B, 1]
-    log_iw = LOG_RATIO_LEVELS[cfg.importance_sampling_level](logp - old, valid)  # [B, L] or [B, 1]
+    tbpo = cfg.loss_type == "tbpo"
+    level = "sequence" if tbpo else cfg.importance_sampling_level  # TBPO's ratio is GSPO's sequence ratio
+    log_iw = LOG_RATIO_LEVELS[level](logp - old, valid)  # [B, L] or [B, 1]
     coef_1 = torch.exp(log_iw)
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
-    surrogate = -torch.min(coef_1 * a, coef_2 * a)  # [B, L] or [B, 1]
+    objective = torch.min(coef_1 * a, coef_2 * a)  # [B, L] or [B, 1]
+    dual_clipped = None
+    if tbpo:
+        bound = cfg.dual_clip * a  # [B, 1]
+        dual_clipped = (a < 0) & (objective < bound)
+        objective = torch.where(a < 0, torch.max(objective, bound), objective)
+    surrogate = -objective
 
     if weights is not None:
         omega = weights.detach()
@@ -176,5 +197,6 @@ def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
         clip_low = _batch_mean(is_low.to(logp.dtype), valid)
         clip_high = _batch_mean(is_high.to(logp.dtype), valid)
         clip_region = _batch_mean((is_low | is_high).to(logp.dtype), valid)
+        dual_frac = None if dual_clipped is None else _batch_mean(dual_clipped.to(logp.dtype), valid)
     return LossOutput(loss=loss, policy_loss=policy_loss, kl=kl, clip_ratio_low=clip_low,
-                      clip_ratio_high=clip_high, clip_ratio_region=clip_region)
+                      clip_ratio_high=clip_high, clip_ratio_region=clip_region, dual_clip_frac=dual_frac)

@@ -31,11 +31,43 @@ ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 ROLLOUT_STEPS = "rollout/steps"
 ROLLOUT_GEN_LEN = "rollout/gen_len"
 SKIPPED_STEPS = "train/skipped_steps"
+# rollout-correction diagnostics (verl's set under our names; dllm_ais/mismatch_stats.py, docs/corrections.md)
+MISMATCH_PPL_TRAIN = "mismatch/ppl_train"
+MISMATCH_PPL_ROLLOUT = "mismatch/ppl_rollout"
+MISMATCH_LOG_PPL_DIFF = "mismatch/log_ppl_diff"
+MISMATCH_CHI2_TOKEN = "mismatch/chi2_token"
+MISMATCH_CHI2_SEQ = "mismatch/chi2_seq"
+MISMATCH_KL_TOKEN = "mismatch/kl_token"
+MISMATCH_K3_TOKEN = "mismatch/k3_token"
+MISMATCH_KL_TOKEN_BF16 = "mismatch/kl_token_bf16"
+"""train_forward=aligned only: mismatch/kl_token of the plain BF16 forward on the same rollouts (what alignment
+removed is kl_token_bf16 − kl_token)."""
+MISMATCH_KL_BF16 = "mismatch/kl_bf16"
+"""train_forward=aligned, sequence level: mismatch/kl (mean −ℓ/L) of the plain BF16 forward, same rollouts and masks."""
+CORR_FRAC_ABOVE = "corr/frac_above"
+CORR_FRAC_BELOW = "corr/frac_below"
+CORR_REJECT_FRAC = "corr/reject_frac"
+CORR_ESS = "corr/ess_frac"
+CORR_OMEGA_MEAN = "corr/omega_mean"
+ROLLOUT_REPEAT_FRAC = "rollout/repeat_frac"
+"""Mean repeated-n-gram fraction of the completions (dllm_ais/error_tokens.py)."""
+ROLLOUT_ERROR_MASKED = "rollout/error_masked_frac"
+"""Fraction of completions dropped from the loss as error completions (0 unless error_mask_threshold is set)."""
+LOSS_DUAL_CLIP = "loss/dual_clip_frac"
+
+DIAGNOSTIC_NAMES = {
+    "ppl_train": MISMATCH_PPL_TRAIN, "ppl_rollout": MISMATCH_PPL_ROLLOUT, "log_ppl_diff": MISMATCH_LOG_PPL_DIFF,
+    "chi2_token": MISMATCH_CHI2_TOKEN, "chi2_seq": MISMATCH_CHI2_SEQ, "kl_token": MISMATCH_KL_TOKEN,
+    "k3_token": MISMATCH_K3_TOKEN,
+}
+"""mismatch_stats.rollout_diagnostics keys -> metric names."""
 REWARD_ERRORS = "reward/errors"
 
 REQUIRED_STEP_METRICS = (
     STEP, REWARD_MEAN, ADV_ZERO_STD, AIS_LAMBDA, AIS_ESS, AIS_DIVERGENCE, AIS_VAR_AMP, AIS_TRUNC, MISMATCH_KL,
     MISMATCH_K3, LOSS_POLICY, LOSS_CLIP, ROLLOUT_TOKENS_PER_S, ROLLOUT_STEPS, ROLLOUT_GEN_LEN, SKIPPED_STEPS,
+    *DIAGNOSTIC_NAMES.values(), CORR_FRAC_ABOVE, CORR_FRAC_BELOW, CORR_REJECT_FRAC, CORR_ESS, CORR_OMEGA_MEAN,
+    ROLLOUT_REPEAT_FRAC, ROLLOUT_ERROR_MASKED,
 )
 
 

@@ -10,12 +10,41 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo")
+LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo", "tbpo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SCALE_REWARDS = ("group", "batch", "none")
-CORRECTIONS = ("none", "is", "tis", "mis", "ais")
-CORRECTION_LEVELS = ("sequence", "token")
+CORRECTIONS = ("none", "is", "tis", "mis", "band", "ais")
+CORRECTION_LEVELS = ("sequence", "token", "geometric")
 AIS_COMBINERS = ("product",)
+AIS_TARGETS = ("is", "tis", "mis", "band")
+"""The full-IS end AIS mixes towards: ω = (1 − λ) + λ ω_target."""
+TRL_ALIASES = {
+    "token_truncate": ("tis", "token"),
+    "token_mask": ("mis", "token"),
+    "sequence_truncate": ("tis", "sequence"),
+    "sequence_mask": ("mis", "sequence"),
+}
+"""TRL's `vllm_importance_sampling_mode` names -> (correction, correction_level)."""
+REJECT_STATS = ("none", "k1", "k2", "k3")
+REJECT_AGGS = ("token", "seq_sum", "seq_mean", "seq_max")
+TRAIN_FORWARDS = ("bf16", "aligned")
+
+
+def parse_reject(spec: str) -> dict[str, object]:
+    """`STAT:AGG:THRESHOLD` (e.g. `k3:seq_mean:0.01`) or `none` -> CorrectionConfig fields reject_stat / reject_agg /
+    reject_threshold. STAT in k1, k2, k3; AGG in token, seq_sum, seq_mean, seq_max."""
+    if spec.strip().lower() == "none":
+        return {"reject_stat": "none"}
+    parts = spec.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"--reject {spec!r}: write STAT:AGG:THRESHOLD, e.g. k3:seq_mean:0.01 (STAT in "
+                         f"{', '.join(REJECT_STATS[1:])}; AGG in {', '.join(REJECT_AGGS)}), or none.")
+    stat, agg, threshold = parts
+    try:
+        value = float(threshold)
+    except ValueError:
+        raise ValueError(f"--reject {spec!r}: the threshold {threshold!r} is not a number.") from None
+    return {"reject_stat": stat, "reject_agg": agg, "reject_threshold": value}
 
 
 def _one_of(owner: str, name: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -47,6 +76,13 @@ class GRPOConfig:
     """Maximum completion length L; the constant normaliser of loss_type=dr_grpo."""
     num_iterations: int = 1
     """μ: optimisation passes over each generated batch (π_old is the policy at rollout time)."""
+    dual_clip: float = 3.0
+    """c of loss_type=tbpo's dual clip (dual-clip PPO): for Â < 0 the per-sequence loss is at most c·|Â|; c > 1."""
+    error_ngram: int = 4
+    """n of the error-token detector: the fraction of a completion's n-grams that repeat an earlier one."""
+    error_mask_threshold: float | None = None
+    """Drop completions whose repeated-n-gram fraction exceeds this from the loss (QaRL's error tokens);
+    None = detect and log only."""
 
     def __post_init__(self):
         if self.num_generations < 2:
@@ -68,6 +104,14 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.max_completion_length={self.max_completion_length}: must be >= 1.")
         if self.num_iterations < 1:
             raise ValueError(f"GRPOConfig.num_iterations={self.num_iterations}: must be >= 1.")
+        if not (self.dual_clip > 1.0 and math.isfinite(self.dual_clip)):
+            raise ValueError(f"GRPOConfig.dual_clip={self.dual_clip}: the dual-clip bound c must be finite and > 1 "
+                             "(--dual-clip; 3 is dual-clip PPO's value).")
+        if self.error_ngram < 1:
+            raise ValueError(f"GRPOConfig.error_ngram={self.error_ngram}: the n-gram size must be >= 1.")
+        if self.error_mask_threshold is not None and not 0.0 <= self.error_mask_threshold < 1.0:
+            raise ValueError(f"GRPOConfig.error_mask_threshold={self.error_mask_threshold}: a repeated-n-gram "
+                             "fraction in [0, 1) (--mask-error-completions), or None to only log it.")
 
 
 @dataclass(frozen=True)
@@ -75,14 +119,40 @@ class CorrectionConfig:
     """FP8-rollout mismatch correction (dllm_ais/correction.py; formulas in docs/ais.md)."""
 
     correction: str = "ais"
-    """`none` (ω ≡ 1), `is` (ω = w), `tis` (ω = min(w, C)), `mis` (ω = w, or 0 where w > C), `ais` (ω = (1 - λ)
-    + λ min(w, C)). With BF16 rollouts every choice gives ω ≡ 1."""
+    """`none` (ω ≡ 1), `is` (ω = w), `tis` (ω = min(w, C)), `mis` (ω = w, or 0 where w > C or w < C_min), `band`
+    (IcePop: ω = w inside [band_low, band_high], 0 outside), `ais` (ω = (1 - λ) + λ ω_target). TRL's names
+    `token_truncate`, `token_mask`, `sequence_truncate`, `sequence_mask` are accepted and set correction and
+    correction_level. With BF16 rollouts every choice gives ω ≡ 1."""
     correction_level: str = "sequence"
     """`sequence`: one log-weight per completion ([B]; LLaDA's coupled ELBO difference or the AR sum).
-    `token`: per-token log-weights ([B, L]; AR, or LLaDA's one-step estimator)."""
+    `token`: per-token log-weights ([B, L]; AR, or LLaDA's one-step estimator).
+    `geometric`: one weight per completion, exp of the mean per-token log-weight (verl's seq_mean; [B, L] input)."""
     is_cap: float = 2.0
-    """C: truncation cap of tis / ais and drop threshold of mis (TIS default 2). Must be >= 1 so that w = 1 is
-    never changed."""
+    """C: truncation cap of tis / ais and upper drop threshold of mis (TIS default 2; TRL's clip max). Must be >= 1
+    so that w = 1 is never changed."""
+    is_cap_min: float = 0.0
+    """C_min: lower drop threshold of mis (TRL's / verl's clip min; 0 = none). Must be in [0, 1]."""
+    band_low: float = 0.5
+    """Lower edge of correction `band` (IcePop): weights below it are zeroed. In (0, 1]."""
+    band_high: float = 5.0
+    """Upper edge of correction `band` (IcePop): weights above it are zeroed. >= 1."""
+    ais_target: str = "tis"
+    """The full-IS end AIS mixes towards: `is`, `tis`, `mis` or `band` (ω = (1 - λ) + λ ω_target)."""
+    reject_stat: str = "none"
+    """Rejection by divergence: `k1` = -log r, `k2` = ½(log r)², `k3` = r - 1 - log r per token, or `none`."""
+    reject_agg: str = "seq_mean"
+    """How the per-token statistic is aggregated: `token` (reject tokens), `seq_sum`, `seq_mean`, `seq_max` (reject
+    whole sequences)."""
+    reject_threshold: float = 0.01
+    """Samples whose aggregated statistic exceeds this are rejected (ω = 0)."""
+    normalize_weights: bool = False
+    """Divide ω by its mean over the batch's kept samples (batch normalisation to mean 1, as verl's option)."""
+    bypass: bool = False
+    """Skip the BF16 old-policy pass: π_old := μ (the rollout policy's own per-token log-probs), ℓ ≡ 0. Cheaper;
+    for comparison (PPO's clip then also absorbs the precision mismatch)."""
+    train_forward: str = "bf16"
+    """`bf16`: π_θ is the BF16 master. `aligned` (QaRL): π_θ's (and π_old's) forward fake-quantises weights and
+    activations with the rollout copy's blockwise FP8 recipe, straight-through gradients to the BF16 master."""
     log_w_clamp: float = 20.0
     """Log-weights are clamped to [-log_w_clamp, log_w_clamp] before exponentiation (w <= e^20 stays finite)."""
     ais_tau: float = 0.01
@@ -94,9 +164,29 @@ class CorrectionConfig:
     """How s, R, g become λ: `product` = clip(s · R · g, 0, 1) (DESIGN.md §4)."""
 
     def __post_init__(self):
-        _one_of("CorrectionConfig", "correction", self.correction, CORRECTIONS)
+        if self.correction in TRL_ALIASES:  # normalise TRL's spelling once (frozen: set through object.__setattr__)
+            correction, level = TRL_ALIASES[self.correction]
+            object.__setattr__(self, "correction", correction)
+            object.__setattr__(self, "correction_level", level)
+        _one_of("CorrectionConfig", "correction", self.correction, CORRECTIONS + tuple(TRL_ALIASES))
         _one_of("CorrectionConfig", "correction_level", self.correction_level, CORRECTION_LEVELS)
         _one_of("CorrectionConfig", "ais_combiner", self.ais_combiner, AIS_COMBINERS)
+        _one_of("CorrectionConfig", "ais_target", self.ais_target, AIS_TARGETS)
+        _one_of("CorrectionConfig", "reject_stat", self.reject_stat, REJECT_STATS)
+        _one_of("CorrectionConfig", "reject_agg", self.reject_agg, REJECT_AGGS)
+        _one_of("CorrectionConfig", "train_forward", self.train_forward, TRAIN_FORWARDS)
+        if not 0.0 <= self.is_cap_min <= 1.0:
+            raise ValueError(f"CorrectionConfig.is_cap_min={self.is_cap_min}: the lower drop threshold must be in "
+                             "[0, 1] (--is-cap-min; 0 = none), so that w = 1 is never dropped.")
+        if not (0.0 < self.band_low <= 1.0 <= self.band_high and math.isfinite(self.band_high)):
+            raise ValueError(f"CorrectionConfig.band=[{self.band_low}, {self.band_high}]: need 0 < low <= 1 <= high "
+                             "< inf so that w = 1 is kept (--band LOW HIGH, e.g. --band 0.5 5).")
+        if not (self.reject_threshold >= 0.0 and math.isfinite(self.reject_threshold)):
+            raise ValueError(f"CorrectionConfig.reject_threshold={self.reject_threshold}: must be finite and >= 0 "
+                             "(--reject STAT:AGG:THRESHOLD, e.g. k3:seq_mean:0.01).")
+        if self.bypass and self.train_forward == "aligned":
+            raise ValueError("CorrectionConfig: bypass (π_old := μ) and train_forward='aligned' (π_old from the "
+                             "aligned forward) contradict each other; drop --bypass or --train-forward aligned.")
         if not (self.is_cap >= 1.0 and math.isfinite(self.is_cap)):
             raise ValueError(f"CorrectionConfig.is_cap={self.is_cap}: the cap C must be finite and >= 1 (a cap below "
                              "1 would shrink on-policy weights w = 1); 2.0 is the TIS default.")

@@ -21,9 +21,12 @@ from dllm_ais import metrics as M
 from dllm_ais.advantages import group_advantages
 from dllm_ais.backend import Backend
 from dllm_ais.config import Preset
+from dllm_ais.correction import CorrectionOutput
 from dllm_ais.distributed import correct_global, global_sum
+from dllm_ais.error_tokens import error_keep, repeated_ngram_fraction
 from dllm_ais.grpo import grpo_loss
 from dllm_ais.master_weights import MasterWeights
+from dllm_ais.mismatch_stats import k1, masked_mean, rollout_diagnostics
 from dllm_ais.models.load import encode_prompts
 from dllm_ais.run_dir import RunDir
 
@@ -165,6 +168,9 @@ class Trainer:
         self.ref_model = None
         if preset.grpo.beta > 0 and not self._is_peft():
             self.ref_model = copy.deepcopy(self.master).eval().requires_grad_(False)
+        if preset.correction.train_forward == "aligned" and self.tc.rollout_precision != "fp8":
+            raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
+                             "it needs --rollout-precision fp8 (or use --train-forward bf16).")
         if not rollout_first:
             self.rollout_model = self._make_rollout_model()
         self.step = 0
@@ -195,6 +201,56 @@ class Trainer:
             from dllm_ais.fp8.linear import sync_weights  # refills FP8Linear and FP4Linear alike
 
             sync_weights(self.master, self.rollout_model)
+
+    def _train_forward(self):
+        """Context of every π_θ / π_old forward of the master: plain, or QaRL's aligned fake-quant forward."""
+        if self.cfg.correction.train_forward != "aligned":
+            return contextlib.nullcontext()
+        from dllm_ais.fp8.fake_quant import aligned_forward
+        from dllm_ais.fp8.linear import BACKENDS
+
+        return aligned_forward(self.master, BACKENDS[self.tc.fp8_backend].scheme)
+
+    @torch.no_grad()
+    def _old_logp(self, rollout, seeds: list[int]) -> list[torch.Tensor]:
+        """π_old's per-token log-probs [B, L] per inner iteration: the master (aligned forward if chosen), or with
+        bypass the rollout policy μ itself (no BF16 old-policy pass)."""
+        backend = self.policy.backend
+        if self.cfg.correction.bypass:
+            return [backend.rollout_token_logp(self.rollout_model, rollout, s) for s in seeds]
+        with self._train_forward():
+            return [backend.token_logp(self.master, rollout, s) for s in seeds]
+
+    def _correction(self, rollout, adv, logp_old: torch.Tensor, seed: int) -> tuple[CorrectionOutput, dict]:
+        """ℓ, ω and every mismatch diagnostic of the step. logp_old [B, L] is π_old under the logp seed `seed`."""
+        cc, backend, mask = self.cfg.correction, self.policy.backend, rollout.completion_mask
+        with torch.no_grad():
+            same = cc.bypass or self.rollout_model is self.master  # μ = π_old by construction
+            logp_roll = logp_old if same else backend.rollout_token_logp(self.rollout_model, rollout, seed)
+            token_log_w = torch.where(mask, logp_old - logp_roll, 0)  # [B, L]
+            if cc.bypass:
+                log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)  # zeros
+            elif cc.correction_level == "sequence":
+                with self._train_forward():
+                    log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout,
+                                                   step_generator(self.tc.seed, self.step, "mismatch",
+                                                                  self.acc.device), "sequence")
+            else:  # token / geometric: the per-token log-ratios (LLaDA: one-step estimator, same masks as π_old)
+                log_w = token_log_w
+            diag = rollout_diagnostics(logp_old, logp_roll, mask, cc.log_w_clamp)
+            metrics = {M.DIAGNOSTIC_NAMES[k]: float(v) for k, v in diag.items()}
+            if cc.train_forward == "aligned":  # what alignment removed: the plain forward on the same rollouts
+                plain = backend.token_logp(self.master, rollout, seed)
+                metrics[M.MISMATCH_KL_TOKEN_BF16] = float(masked_mean(k1(plain.double() - logp_roll.double()), mask))
+                if cc.correction_level == "sequence":  # same mask draws (same generator seed) as the aligned ℓ
+                    plain_lw = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
+                        self.tc.seed, self.step, "mismatch", self.acc.device), "sequence")  # [B]
+                    lengths = mask.sum(-1)
+                    metrics[M.MISMATCH_KL_BF16] = float(masked_mean(-plain_lw / lengths.clamp(min=1), lengths > 0))
+        # over the rows of every process: λ is the global batch's, identical on every rank
+        corr = correct_global(self.acc, log_w, adv, mask, cc, prev_lam=self.prev_lam, token_log_w=token_log_w)
+        metrics.update(corr.metrics())
+        return corr, metrics
 
     def _ref_logp(self, rollout, seed):
         if self.ref_model is not None:
@@ -270,25 +326,28 @@ class Trainer:
         adv = adv_out.adv
         row.update(adv_out.metrics())
 
+        repeat = repeated_ngram_fraction(rollout.completion_ids, rollout.completion_mask, cfg.grpo.error_ngram)
+        keep = error_keep(repeat, cfg.grpo.error_mask_threshold).to(device)  # [B] completions left in the loss
+        row[M.ROLLOUT_REPEAT_FRAC] = float(repeat.mean())
+        row[M.ROLLOUT_ERROR_MASKED] = float((~keep).float().mean())
+        loss_mask = rollout.completion_mask & keep[:, None]  # [B, L]
+
         t1 = time.perf_counter()
-        level = cfg.correction.correction_level
-        with torch.no_grad():
-            log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout,
-                                           step_generator(tc.seed, step, "mismatch", device), level)
-        # over the rows of every process: λ is the global batch's, identical on every rank
-        corr = correct_global(self.acc, log_w, adv, rollout.completion_mask, cfg.correction, prev_lam=self.prev_lam)
-        row.update(corr.metrics())
+        seeds = [step_seed(tc.seed, step, f"logp/{it}") for it in range(cfg.grpo.num_iterations)]
+        logp_old = self._old_logp(rollout, seeds)
+        row[M.time_key("old_logp")] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        corr, corr_metrics = self._correction(rollout, adv, logp_old[0], seeds[0])
+        row.update(corr_metrics)
         row[M.time_key("mismatch")] = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        seeds = [step_seed(tc.seed, step, f"logp/{it}") for it in range(cfg.grpo.num_iterations)]
         with torch.no_grad():
-            logp_old = [backend.token_logp(self.master, rollout, s) for s in seeds]
             logp_ref = [self._ref_logp(rollout, s) for s in seeds] if cfg.grpo.beta > 0 else None
         losses = []
         for it, seed in enumerate(seeds):
             out = self._update(rollout, adv, corr.omega, logp_old[it], None if logp_ref is None else logp_ref[it],
-                               seed)
+                               seed, loss_mask)
             if out is not None:
                 losses.append(out)
         row[M.time_key("update")] = time.perf_counter() - t2
@@ -304,14 +363,13 @@ class Trainer:
         row[M.time_key("step")] = time.perf_counter() - t0
         return row
 
-    def _update(self, rollout, adv, omega, logp_old, logp_ref, seed) -> dict[str, float] | None:
+    def _update(self, rollout, adv, omega, logp_old, logp_ref, seed, mask) -> dict[str, float] | None:
         """One optimizer update over the batch (micro-batched); None if the loss was not finite (skipped)."""
         cfg, backend = self.cfg, self.policy.backend
         self.model.train()
         B = adv.shape[0]
         chunks = [c for c in torch.arange(B, device=adv.device).tensor_split(self.tc.gradient_accumulation_steps)
                   if c.numel()]
-        mask = rollout.completion_mask
         token_mean = cfg.grpo.loss_type in TOKEN_MEAN_LOSSES
         # token-mean losses divide by the global batch's token count (TRL): this process's loss is its token sum
         # over (global tokens / processes), so that the average DDP takes over processes is the global token mean
@@ -323,7 +381,8 @@ class Trainer:
             # forward: DDP decides there whether the backward synchronises)
             sync = contextlib.nullcontext() if i == len(chunks) - 1 else self.acc.no_sync(self.model)
             with sync:
-                logp = backend.token_logp(self.model, rollout, seed, rows=idx)
+                with self._train_forward():
+                    logp = backend.token_logp(self.model, rollout, seed, rows=idx)
                 out = grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo,
                                 weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx])
                 # Each chunk's loss is a mean over its sequences (grpo, dr_grpo) or its tokens (bnpo, dapo); weight it

@@ -17,7 +17,7 @@ from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
 
 LN2 = math.log(2.0)
 NAN, INF = float("nan"), float("inf")
-METHODS = ("none", "is", "tis", "mis", "ais")
+METHODS = ("none", "is", "tis", "mis", "band", "ais")
 LEVELS = ("sequence", "token")
 LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo")
 
@@ -335,7 +335,7 @@ def test_config_names_match_implementations():
 def test_shape_errors():
     mask = torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match="correction_level='token'"):
-        correct(torch.zeros(2, 3), torch.zeros(2), mask, CorrectionConfig(correction_level="sequence"))
+        correct(torch.zeros(2, 4), torch.zeros(2), mask, CorrectionConfig(correction_level="sequence"))
     with pytest.raises(ValueError, match="correction_level='sequence'"):
         correct(torch.zeros(2), torch.zeros(2), mask, CorrectionConfig(correction_level="token"))
     with pytest.raises(ValueError, match="adv"):

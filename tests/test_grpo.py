@@ -253,3 +253,60 @@ def test_input_errors():
 def test_grpo_config_rejects_bad_values(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         GRPOConfig(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------------------------- TBPO
+
+def _tbpo_batch():
+    """Four sequences of two tokens, logp_old = 0, sequence ratios s = 2, 5, 0.9, 2 and Â = +1, −1, −1, −1."""
+    s = torch.tensor([2.0, 5.0, 0.9, 2.0], dtype=torch.float64)
+    logp = s.log()[:, None].expand(4, 2).clone()
+    return logp, torch.zeros(4, 2, dtype=torch.float64), torch.tensor([1.0, -1.0, -1.0, -1.0], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("is_level", ["token", "sequence"])  # tbpo always uses the sequence ratio
+def test_tbpo_hand_computed(is_level):
+    """J = min(s Â, clip(s, 0.8, 1.2) Â), then max(J, 3 Â) for Â < 0:
+    s=2, Â=+1: min(2, 1.2) = 1.2 (clipped, no gradient)          -> loss −1.2
+    s=5, Â=−1: min(−5, −1.2) = −5, max(−5, −3) = −3 (dual clip)   -> loss 3, no gradient
+    s=0.9, Â=−1: min(−0.9, −0.9) = −0.9                            -> loss 0.9, ∂/∂logp_t = s/L = 0.45
+    s=2, Â=−1: min(−2, −1.2) = −2 > −3                              -> loss 2,   ∂/∂logp_t = s/L = 1
+    loss = mean = 4.7 / 4; gradients / 4 (mean over sequences)."""
+    logp, old, adv = _tbpo_batch()
+    logp.requires_grad_(True)
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    cfg = GRPOConfig(loss_type="tbpo", importance_sampling_level=is_level, epsilon=0.2, dual_clip=3.0)
+    out = grpo_loss(logp, old, adv, mask, cfg)
+    torch.testing.assert_close(out.loss.detach(), torch.tensor(4.7 / 4, dtype=torch.float64))
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    expected = torch.tensor([0.0, 0.0, 0.45 / 4, 1.0 / 4], dtype=torch.float64)[:, None].expand(4, 2)
+    torch.testing.assert_close(grad, expected)
+    assert out.dual_clip_frac.item() == 0.25 and out.metrics()["loss/dual_clip_frac"] == 0.25
+    torch.testing.assert_close(out.clip_ratio_high, torch.tensor(0.25, dtype=torch.float64))
+
+
+def test_tbpo_bounds_negative_sequences_by_c_abs_adv():
+    gen = torch.Generator().manual_seed(0)
+    logp = torch.randn(16, 5, generator=gen, dtype=torch.float64) * 3
+    adv = -torch.rand(16, generator=gen, dtype=torch.float64) * 2
+    mask = torch.ones(16, 5, dtype=torch.bool)
+    cfg = GRPOConfig(loss_type="tbpo", dual_clip=2.5)
+    for i in range(16):
+        one = grpo_loss(logp[i:i + 1], torch.zeros(1, 5, dtype=torch.float64), adv[i:i + 1], mask[i:i + 1], cfg)
+        assert one.loss.item() <= 2.5 * abs(adv[i].item()) + 1e-12
+
+
+def test_tbpo_weights_scale_each_sequence():
+    logp, old, adv = _tbpo_batch()
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    cfg = GRPOConfig(loss_type="tbpo")
+    w = torch.tensor([0.0, 1.0, 2.0, 0.5], dtype=torch.float64)
+    out = grpo_loss(logp, old, adv, mask, cfg, weights=w)
+    torch.testing.assert_close(out.loss, torch.tensor((0 * -1.2 + 3 + 2 * 0.9 + 0.5 * 2) / 4, dtype=torch.float64))
+
+
+def test_tbpo_config_errors():
+    with pytest.raises(ValueError, match="--dual-clip"):
+        GRPOConfig(loss_type="tbpo", dual_clip=1.0)
+    with pytest.raises(ValueError, match="--mask-error-completions"):
+        GRPOConfig(error_mask_threshold=1.0)
