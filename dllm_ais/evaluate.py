@@ -182,6 +182,10 @@ def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = model.config.pad_token_id
+    if getattr(model.config, "model_type", None) == "llada":
+        from dllm_ais.models.load import fill_token_ids_from_tokenizer
+
+        fill_token_ids_from_tokenizer(model.config, tokenizer)
     return tokenizer
 
 
