@@ -64,11 +64,22 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _floats(flag: str, value: str | None) -> list[float] | None:
+    """'1,0.5' -> [1.0, 0.5]; None -> None; anything else a one-line error naming the flag."""
+    if value is None:
+        return None
+    try:
+        return [float(v) for v in value.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {value!r}: expected comma-separated numbers, e.g. 1,0.5.") from None
+
+
 def _train_preset(args: argparse.Namespace):
     from dataclasses import replace
 
     preset = get_preset(args.preset)
-    train = override(preset.train, task=args.task, data_path=args.data, reward_fn=args.reward_fn, steps=args.steps,
+    train = override(preset.train, task=args.task, data_path=args.data, reward_fn=args.reward_fn,
+                     reward_weights=_floats("--reward-weights", args.reward_weights), steps=args.steps,
                      rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
                      learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
                      save_every=args.save_every, tensorboard=args.tensorboard or None)
@@ -114,7 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--task", default=None, help="task: arith, gsm8k, math500, countdown, sudoku")
     p.add_argument("--data", default=None, help="local jsonl/parquet training file for the task")
-    p.add_argument("--reward-fn", default=None, help="TRL-style reward function 'package.module:function'")
+    p.add_argument("--reward-fn", action="append", default=None, metavar="MODULE:FUNCTION",
+                   help="TRL reward function 'package.module:function', called as TRL calls it (keyword arguments; "
+                        "message lists for chat prompts; None = not applicable). Repeatable; replaces the task's reward")
+    p.add_argument("--reward-weights", default=None, metavar="W[,W...]",
+                   help="one weight per --reward-fn, comma separated (default all 1); reward = weighted sum")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps")
     p.add_argument("--lr", type=float, default=None, help="learning rate")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps (tiny default: 300)")

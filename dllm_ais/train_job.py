@@ -20,7 +20,8 @@ SFT_DIR = "sft"
 
 def task_rows_and_reward(preset: Preset):
     """Training rows and the reward function (the task's, or the user's by import path)."""
-    from dllm_ais.tasks.registry import get_task, load_reward_function
+    from dllm_ais.rewards import load_reward_set
+    from dllm_ais.tasks.registry import get_task
 
     tc = preset.train
     try:
@@ -30,7 +31,7 @@ def task_rows_and_reward(preset: Preset):
     rows = task.load("train", data_path=tc.data_path, seed=tc.seed, **task_config_kwargs(task.load, tc.task_config))
     if not rows:
         raise ValueError(f"task {tc.task!r} has no training rows (data_path={tc.data_path!r}).")
-    reward = load_reward_function(tc.reward_fn) if tc.reward_fn else task.reward
+    reward = load_reward_set(tc.reward_fn, tc.reward_weights, task.reward)
     return task, rows, reward
 
 
