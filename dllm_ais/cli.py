@@ -126,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default=None, help="task: arith, gsm8k, math500, countdown, sudoku")
     p.add_argument("--data", default=None, help="local jsonl/parquet training file for the task")
     p.add_argument("--reward-fn", action="append", default=None, metavar="MODULE:FUNCTION",
-                   help="TRL reward function 'package.module:function', called as TRL calls it (keyword arguments; "
-                        "message lists for chat prompts; None = not applicable). Repeatable; replaces the task's reward")
+                   help="TRL reward function 'package.module:function', called as TRL calls it (keyword "
+                        "arguments; message lists for chat prompts; None = not applicable). Repeatable; replaces the "
+                        "task's reward")
     p.add_argument("--reward-weights", default=None, metavar="W[,W...]",
                    help="one weight per --reward-fn, comma separated (default all 1); reward = weighted sum")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps")

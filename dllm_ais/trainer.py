@@ -190,11 +190,10 @@ class Trainer:
         texts = [tok.decode(c[k], skip_special_tokens=True)
                  for c, k in zip(rollout.completion_ids, rollout.completion_mask, strict=True)]
         try:
+            ids_kept = [c[k].tolist() for c, k in zip(rollout.completion_ids, rollout.completion_mask, strict=True)]
+            chat = bool(self.policy.use_chat_template and getattr(tok, "chat_template", None))
             scored = self.reward_fn(prompts, texts, rows, trainer_state=TrainerState(step, tc.steps),
-                                    completion_ids=[c[k].tolist() for c, k in zip(rollout.completion_ids,
-                                                                                  rollout.completion_mask, strict=True)],
-                                    conversational=bool(self.policy.use_chat_template and getattr(tok, "chat_template",
-                                                                                                  None)))
+                                    completion_ids=ids_kept, conversational=chat)
             rewards, error = scored.total.to(device), None
         except StepSkipped as e:
             rewards, error = None, e
