@@ -69,16 +69,21 @@ def stop_token_ids(model: LLaDAModelLM) -> tuple[int, ...]:
     return tuple(i for i in ids if i is not None)
 
 
-def encode_prompts(tokenizer, prompts: list[str], chat: bool = True, device: str | torch.device = "cpu"):
-    """Left-padded prompt ids and mask [B, P]; wraps each prompt in the chat template when the tokenizer has one."""
+def encode_prompts(tokenizer, prompts: list[str], chat: bool = True, device: str | torch.device = "cpu",
+                   assistant_prefix: str = ""):
+    """Left-padded prompt ids and mask [B, P]; wraps each prompt in the chat template when the tokenizer has one.
+
+    assistant_prefix: text appended after the template's generation prompt (d1 opens the answer with "<reasoning>").
+    """
     if not prompts:
         raise ValueError("no prompts given.")
     if chat and getattr(tokenizer, "chat_template", None):
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                               tokenize=False) for p in prompts]
+                                               tokenize=False) + assistant_prefix for p in prompts]
         enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
     else:
-        enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+        enc = tokenizer([p + assistant_prefix for p in prompts], add_special_tokens=False, padding=True,
+                        return_tensors="pt")
     if tokenizer.padding_side != "left":
         raise ValueError("tokenizer.padding_side must be 'left' for diffusion sampling.")
     return enc["input_ids"].to(device), enc["attention_mask"].bool().to(device)
