@@ -75,6 +75,7 @@ def question(task: str, row: dict[str, Any]) -> str:
 
 def user_prompt(task: str, row: dict[str, Any]) -> str:
     """The user turn d1 sends: system prompt, a blank line, the question (d1 `create_prompt` with 0 few-shot)."""
+    check_task(task)
     return SYSTEM_PROMPTS[task] + "\n\n" + question(task, row)
 
 
