@@ -337,8 +337,9 @@ def _load_dir(model_dir: Path, preset: Preset):
     return model, _tokenizer_for(model_dir, preset, model)
 
 
-def _load_run(run_path: Path, device: str | None, dtype: str | None) -> EvalModel:
-    """The latest checkpoint of a training run: model/ directly, or the run's base model + adapter/ merged."""
+def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path | None = None) -> EvalModel:
+    """A training run's checkpoint (`ckpt`, default its latest): model/ directly, or the run's base model + adapter/
+    merged."""
     from dllm_ais.run_dir import MANIFEST, RunDir
     from dllm_ais.train_job import SFT_DIR, family
 
@@ -347,7 +348,7 @@ def _load_run(run_path: Path, device: str | None, dtype: str | None) -> EvalMode
         raise FileNotFoundError(f"--run {run_path}: no config.json, so not a dllm-ais run directory.")
     preset = Preset.from_dict(json.loads(run.config_file.read_text()))
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
-    ckpt = run.latest()
+    ckpt = run.latest() if ckpt is None else ckpt
     if ckpt is None:
         hint = f" or evaluate its SFT model with --model {run_path / SFT_DIR}" if (run_path / SFT_DIR).is_dir() else ""
         raise FileNotFoundError(f"--run {run_path}: the run has no checkpoint yet (no checkpoints/latest); wait for "
@@ -388,6 +389,12 @@ def load_for_eval(model_dir: str | os.PathLike | None = None, run_dir: str | os.
         if preset is not None:
             raise ValueError("--preset cannot be combined with --run: the run's config.json names its preset.")
         return _load_run(Path(run_dir), device, dtype)
+    if model_dir is not None and (Path(model_dir) / "trainer_state.pt").is_file():  # <run>/checkpoints/step-N
+        if preset is not None:
+            raise ValueError("--preset cannot be combined with a checkpoint directory: its run's config.json names "
+                             "the preset.")
+        step_dir = Path(model_dir)
+        return _load_run(step_dir.parent.parent, device, dtype, ckpt=step_dir)
     preset = get_preset(preset or "tiny-cpu") if not isinstance(preset, Preset) else preset
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
     if model_dir is None:
@@ -425,8 +432,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `dllm-ais eval`."""
     parser.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default tiny-cpu; not "
                         "with --run)")
-    parser.add_argument("--model", default=None, help="LLaDA checkpoint directory (official layout), e.g. "
-                        "<run>/checkpoints/step-N/model or <run>/sft")
+    parser.add_argument("--model", default=None, help="checkpoint directory: a run's checkpoints/step-N, "
+                        "<run>/sft, a downloaded checkpoint (LLaDA official layout; Qwen with a qwen preset) or a "
+                        "hub id")
     parser.add_argument("--run", default=None, help="training run directory: evaluate its latest checkpoint")
     parser.add_argument("--task", default=None, help="task name (default: the preset's/run's training task)")
     parser.add_argument("--split", default="test", help="split to evaluate (default test)")
@@ -437,7 +445,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                              "Default: the preset's length")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per sampler batch (default 16)")
     parser.add_argument("--out", default=None, help="output directory: one <task>-<split>-gen<L>/ per length with "
-                        "generations.jsonl and scores.json")
+                        "generations.jsonl and scores.json (default evals/<task>-<protocol>-<time>; with "
+                        "--score-file nothing is written unless --out is given)")
     parser.add_argument("--seed", type=int, default=0, help="seed of procedural test sets and sampler noise")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the preset's)")
     parser.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16 (default: preset's)")
@@ -465,6 +474,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     task = args.task or preset.train.task
     task_config = preset.train.task_config if task == preset.train.task else None
     check_protocol(args.protocol, task)
+    out_root = args.out or f"evals/{task}-{args.protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
     lengths = parse_gen_lengths(args.gen_length) or [None]
     if args.protocol == "d1":  # d1's sampler for every model, the tiny one included
         samplers = [d1_sampler(L or preset.sampler.gen_length) for L in lengths]
@@ -473,7 +483,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     results = []
     for sampler in samplers:
         tag = "-d1" if args.protocol == "d1" else ""
-        out = Path(args.out) / f"{task}-{args.split}{tag}-gen{sampler.gen_length}" if args.out else None
+        out = Path(out_root) / f"{task}-{args.split}{tag}-gen{sampler.gen_length}"
         results.append(evaluate(loaded.model, loaded.tokenizer, task, sampler, split=args.split,
                                 data_path=args.data_path, limit=args.limit, batch_size=args.batch_size,
                                 seed=args.seed, out_dir=out, progress=args.progress or sys.stderr.isatty(),
@@ -483,6 +493,5 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"{'task':<12} {'split':<6} {'gen_length':>10} {'n':>6} {'accuracy':>9}")
     for r in results:
         print(f"{r['task']:<12} {r['split']:<6} {r['gen_length']:>10} {r['n']:>6} {r['accuracy']:>9.4f}")
-    if args.out:
-        print(f"wrote {args.out}")
+    print(f"wrote {out_root}")
     return 0
