@@ -21,8 +21,9 @@ def _quiet_third_party_logs() -> None:
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny-cpu", help=f"named preset: {', '.join(PRESETS)} (default tiny-cpu)")
-    p.add_argument("--model", default=None, help="local LLaDA checkpoint directory (overrides the preset's)")
+    p.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default tiny-cpu)")
+    p.add_argument("--model", default=None, help="checkpoint directory or hub id of the preset's family (LLaDA "
+                   "official layout; Qwen save_pretrained layout with a qwen preset); overrides the preset's")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the preset's)")
     p.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16 (default: preset's)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling noise and the tiny model's weights")
@@ -71,12 +72,30 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from dllm_ais.models.load import encode_prompts
     from dllm_ais.train_job import family
 
-    preset = get_preset(args.preset)
-    model_cfg = override(preset.model, path=args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    from_run = args.run is not None or (args.model is not None and is_checkpoint_dir(args.model))
+    preset = get_preset(args.preset or "tiny-cpu") if not from_run else None
+    if args.run is not None and args.model is not None:
+        raise ValueError("pass either --model DIR or --run RUN_DIR, not both.")
+    if from_run:  # a run's latest checkpoint, or one checkpoints/step-N directory: the run's preset and model
+        from dllm_ais.evaluate import load_for_eval
+
+        if args.preset is not None:
+            raise ValueError("--preset cannot be combined with --run or a checkpoint directory: the run's config.json "
+                             "names its preset.")
+        loaded = load_for_eval(args.model, args.run, None, device=args.device, dtype=args.dtype)
+        preset, model, tokenizer = loaded.preset, loaded.model, loaded.tokenizer
+        model_cfg = preset.model
+        print(f"model: {loaded.source}", file=sys.stderr)
+    else:
+        model_cfg = override(preset.model, path=args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+        model, tokenizer = family(model_cfg.family).load(model_cfg)
+        if model_cfg.path is None:
+            print(f"note: no --model or --run: sampling the UNTRAINED tiny built-in model (random weights, seed "
+                  f"{model_cfg.seed}), so the text is gibberish. Pass --run RUN_DIR (its latest checkpoint), --model "
+                  "RUN_DIR/checkpoints/step-N, or --model CHECKPOINT_DIR.", file=sys.stderr)
     sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=args.block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale)
-    model, tokenizer = family(model_cfg.family).load(model_cfg)
     if args.fp8 and args.fp4:
         raise ValueError("use --fp8 or --fp4, not both")
     if args.fp8:
@@ -98,11 +117,59 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _floats(flag: str, value: str | None) -> list[float] | None:
+    """'1,0.5' -> [1.0, 0.5]; None -> None; anything else a one-line error naming the flag."""
+    if value is None:
+        return None
+    try:
+        return [float(v) for v in value.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {value!r}: expected comma-separated numbers, e.g. 1,0.5.") from None
+
+
+def is_checkpoint_dir(path: str) -> bool:
+    """A trainer checkpoint (<run>/checkpoints/step-N: model/ or adapter/ beside trainer_state.pt)."""
+    from pathlib import Path
+
+    p = Path(path)
+    return (p / "trainer_state.pt").is_file() and ((p / "model").is_dir() or (p / "adapter").is_dir())
+
+
+FIELD_FLAGS = {
+    "TrainConfig.task": "--task", "TrainConfig.data_path": "--data", "TrainConfig.reward_fn": "--reward-fn",
+    "TrainConfig.reward_weights": "--reward-weights", "TrainConfig.steps": "--steps", "TrainConfig.learning_rate":
+    "--lr", "TrainConfig.sft_steps": "--sft-steps", "TrainConfig.rollout_precision": "--rollout-precision",
+    "TrainConfig.fp8_backend": "--fp8-backend", "TrainConfig.lora_r": "--lora-r", "TrainConfig.save_every":
+    "--save-every", "TrainConfig.seed": "--seed", "ModelConfig.path": "--model", "ModelConfig.device": "--device",
+    "ModelConfig.dtype": "--dtype", "SamplerConfig.gen_length": "--gen-length", "SamplerConfig.block_length":
+    "--block-length", "SamplerConfig.temperature": "--temperature", "SamplerConfig.remasking": "--remasking",
+    "SamplerConfig.cfg_scale": "--cfg-scale", "CorrectionConfig.correction": "--correction",
+}
+"""Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""
+
+
+def name_flags(message: str, command: str) -> str:
+    """'TrainConfig.steps=-1 must be >= 1.' -> '--steps -1 must be >= 1.' (fields without a flag stay as they are)."""
+    import re
+
+    fields = dict(FIELD_FLAGS)
+    if command == "sample":
+        fields["SamplerConfig.steps"] = "--steps"  # sample's --steps is the sampler's, train's the trainer's
+        fields.pop("TrainConfig.steps")
+
+    def flag(m: re.Match) -> str:
+        name = fields.get(m.group(1))
+        return m.group(0) if name is None else name + (" " if m.group(2) else "")
+
+    return re.sub(r"\b([A-Z][A-Za-z]*Config\.[a-z_]+)(=?)", flag, message)
+
+
 def _train_preset(args: argparse.Namespace):
     from dataclasses import replace
 
-    preset = get_preset(args.preset)
-    train = override(preset.train, task=args.task, data_path=args.data, reward_fn=args.reward_fn, steps=args.steps,
+    preset = get_preset(args.preset or "tiny-cpu")
+    train = override(preset.train, task=args.task, data_path=args.data, reward_fn=args.reward_fn,
+                     reward_weights=_floats("--reward-weights", args.reward_weights), steps=args.steps,
                      rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
                      fp4_format=args.fp4_format,
                      learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
@@ -128,43 +195,94 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
     return {"correction": correction, "grpo": grpo}
 
 
+def _preflight_train(preset, out: str, resume: bool) -> None:
+    """Checks that need no torch, run before the heavy imports so bad input fails in well under a second:
+    the run directory, the task and a local --data file, a local --model directory."""
+    from pathlib import Path
+
+    run = Path(out)
+    holds_run = (run / "config.json").exists() or (run / "metrics.jsonl").exists()
+    if resume and not (run / "config.json").exists():
+        raise FileNotFoundError(f"--resume: {run} holds no run (no config.json); drop --resume to start one there.")
+    if not resume and holds_run:
+        raise FileExistsError(f"--out {run} already holds a run; pass --resume to continue it, or choose another "
+                              "--out.")
+    if resume:
+        return  # the run's own config.json decides the rest
+    from dllm_ais.tasks.loading import local_format
+    from dllm_ais.tasks.registry import get_task
+
+    try:
+        task = get_task(preset.train.task)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+    data = preset.train.data_path
+    if data is not None and local_format(data) == "json":
+        task.load("train", data_path=data, limit=1)  # reads and checks every line of the file
+    path = preset.model.path
+    if path is not None:
+        local = Path(path).expanduser()
+        if local.exists() or path.startswith((".", "/", "~")):
+            if not local.is_dir():
+                raise FileNotFoundError(f"--model {path}: not a checkpoint directory.")
+            if not (local / "config.json").is_file():
+                raise FileNotFoundError(f"--model {path}: no config.json, so not a checkpoint directory.")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import math
     import time
 
+    preset = _train_preset(args)  # flags and config validation first: no heavy import yet
+    out = args.out or f"runs/{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    _preflight_train(preset, out, args.resume)
+
     import torch
 
-    from dllm_ais.metrics import REWARD_MEAN, read_metrics
+    from dllm_ais.metrics import REWARD_MEAN, STEP, read_metrics
     from dllm_ais.train_job import run_training
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    preset = _train_preset(args)
-    out = args.out or f"runs/{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    done_before = {r.get(STEP) for r in read_metrics(out)} if args.resume else set()
     t0 = time.perf_counter()
     try:
         run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps)
     except KeyboardInterrupt:
         return 130
-    rows = [r for r in read_metrics(out) if math.isfinite(r.get(REWARD_MEAN, math.nan))]
+    seconds = time.perf_counter() - t0
+    all_rows = read_metrics(out)
+    new = [r for r in all_rows if r.get(STEP) not in done_before]
+    rows = [r for r in all_rows if math.isfinite(r.get(REWARD_MEAN, math.nan))]
     q = max(1, len(rows) // 4)
     first = sum(r[REWARD_MEAN] for r in rows[:q]) / q if rows else float("nan")
     last = sum(r[REWARD_MEAN] for r in rows[-q:]) / q if rows else float("nan")
-    print(f"run {out}: {len(rows)} steps in {time.perf_counter() - t0:.0f} s; reward/mean first quarter "
-          f"{first:.3f} -> last quarter {last:.3f}")
+    total = f" ({len(all_rows)} in the run)" if done_before else ""
+    print(f"run {out}: {len(new)} steps in {seconds:.0f} s{total}; reward/mean first quarter {first:.3f} -> last "
+          f"quarter {last:.3f}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm-ais", description="GRPO for diffusion LMs with FP8 rollouts and AIS.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)")
+    p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)",
+                       description="GRPO training of a diffusion (LLaDA) or autoregressive (Qwen) model with FP8 "
+                                   "rollouts and an importance-sampling correction (default AIS). Without flags it "
+                                   "trains the tiny built-in LLaDA on the arith task on CPU: an SFT warm-up, then "
+                                   "GRPO steps; the run directory (--out) gets config.json, metrics.jsonl and "
+                                   "checkpoints/step-N, and --resume continues it.")
     _add_model_args(p)
     p.add_argument("--out", default=None, help="run directory (default runs/<preset>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--task", default=None, help="task: arith, gsm8k, math500, countdown, sudoku")
     p.add_argument("--data", default=None, help="local jsonl/parquet training file for the task")
-    p.add_argument("--reward-fn", default=None, help="TRL-style reward function 'package.module:function'")
+    p.add_argument("--reward-fn", action="append", default=None, metavar="MODULE:FUNCTION",
+                   help="TRL reward function 'package.module:function', called as TRL calls it (keyword "
+                        "arguments; message lists for chat prompts; None = not applicable). Repeatable; replaces the "
+                        "task's reward")
+    p.add_argument("--reward-weights", default=None, metavar="W[,W...]",
+                   help="one weight per --reward-fn, comma separated (default all 1); reward = weighted sum")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps")
     p.add_argument("--lr", type=float, default=None, help="learning rate")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps (tiny default: 300)")
@@ -181,8 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train, seed=None)
 
-    p = sub.add_parser("sample", help="generate completions with the masked-diffusion sampler")
+    p = sub.add_parser("sample", help="generate completions with the masked-diffusion sampler",
+                       description="Generate completions. Without --model or --run it samples the untrained tiny "
+                                   "built-in model (random weights: gibberish); --run RUN_DIR samples a training "
+                                   "run's latest checkpoint, --model takes a checkpoint directory, a run's "
+                                   "checkpoints/step-N, or a hub id.")
     _add_model_args(p)
+    p.add_argument("--run", default=None, help="training run directory: sample its latest checkpoint")
     _add_sampler_args(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few built-in prompts")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the tokenizer's chat template")
@@ -220,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, KeyError, RuntimeError, ImportError, TypeError) as e:
-        print(f"dllm-ais {args.command}: error: {e}", file=sys.stderr)
+        print(f"dllm-ais {args.command}: error: {name_flags(str(e), args.command)}", file=sys.stderr)
         return 2
 
 

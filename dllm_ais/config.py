@@ -91,8 +91,11 @@ class TrainConfig:
     """Fields of a procedural task's generator config, e.g. {"max_operand": 9} for arith ({} = the task's defaults)."""
     data_path: str | None = None
     """Local jsonl/parquet file for the task's training split; None = hub dataset or procedural generator."""
-    reward_fn: str | None = None
-    """Extra TRL-style reward function by import path ('pkg.module:func'), used instead of the task's reward."""
+    reward_fn: str | list[str] | None = None
+    """TRL-style reward function(s) by import path ('pkg.module:func'; a list for several), used instead of the
+    task's reward; called as TRL calls them (dllm_ais/rewards.py)."""
+    reward_weights: list[float] | None = None
+    """One weight per reward_fn entry (None: all 1.0); the step's reward is the weighted sum, TRL's reward_weights."""
     steps: int = 40
     """Number of GRPO steps (each: rollouts, rewards, num_iterations optimizer updates, FP8 sync)."""
     prompts_per_step: int = 8

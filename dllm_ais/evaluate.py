@@ -24,6 +24,10 @@ from typing import Any, NamedTuple
 from dllm_ais.atomic import atomic_write_text
 from dllm_ais.config import PRESETS, Preset, SamplerConfig, get_preset, override
 from dllm_ais.progress import progress_bar
+from dllm_ais.tasks import d1
+
+PROTOCOLS = ("strict", "d1")
+"""strict: the task's own prompt and reward (our default). d1: d1's prompts, generation window and parsing."""
 
 D1_BLOCK_LENGTH = 32
 """d1's semi-autoregressive block length at evaluation."""
@@ -78,15 +82,18 @@ def _load_rows(task, split: str, data_path: str | None, limit: int | None, seed:
 def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split: str = "test",
              data_path: str | None = None, limit: int | None = None, batch_size: int = 16, seed: int = 0,
              out_dir: str | os.PathLike | None = None, progress: bool = False, task_config: dict | None = None,
-             meta: dict[str, Any] | None = None, family: str = "llada") -> dict[str, Any]:
+             meta: dict[str, Any] | None = None, family: str = "llada", protocol: str = "strict") -> dict[str, Any]:
     """Greedy completions for every row of `task_name`'s `split`, scored with the task's reward.
 
     model: LLaDAModelLM (or its FP8 copy), or a causal LM with family="qwen"; its device is used.
     sampler: length/blocks/steps/remasking; the temperature is forced to 0 (d1's setting). seed: the procedural
     test set's seed and the sampler's generator (only used by random remasking). task_config: generator options
     of a procedural task (e.g. {"max_operand": 9}). meta: extra entries for the summary (e.g. the model's source).
-    Returns {"task", "split", "n", "accuracy" (mean reward), "full_reward_frac", "gen_length", "block_length",
-    "steps", "mean_completion_tokens", "seconds", ...}; with `out_dir`, also writes generations.jsonl and scores.json.
+    protocol: "strict" (the task's prompt and reward) or "d1" (d1's prompts with the "<reasoning>" opening, the
+    completion window decoded with special tokens kept, d1's parsing and aggregation; tasks/d1.py).
+    Returns {"task", "split", "n", "accuracy" (mean reward; d1 Sudoku: correct cells / empty cells),
+    "full_reward_frac", "gen_length", "block_length", "steps", "mean_completion_tokens", "seconds", ...}; with
+    `out_dir`, also writes generations.jsonl and scores.json.
     """
     import torch
 
@@ -100,8 +107,11 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         task = get_task(task_name)
     except KeyError as e:
         raise ValueError(e.args[0]) from None
+    check_protocol(protocol, task_name)
     sampler = replace(sampler, temperature=0.0)
     rows = _load_rows(task, split, data_path, limit, seed, task_config)
+    prompts = [r["prompt"] for r in rows] if protocol == "strict" else [d1.user_prompt(task_name, r) for r in rows]
+    prefix = d1.ASSISTANT_PREFIX if protocol == "d1" else ""
     device = next(model.parameters()).device
     backend = model_family(family).backend(sampler, model, tokenizer)
     was_training = model.training
@@ -113,27 +123,26 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
                            desc=f"eval {task_name} L={sampler.gen_length}", unit="batch")
     try:
         for start in batches:
-            batch = rows[start:start + batch_size]
-            ids, mask = encode_prompts(tokenizer, [r["prompt"] for r in batch], chat=task.use_chat_template,
-                                       device=device)  # [b, P] left-padded
+            ids, mask = encode_prompts(tokenizer, prompts[start:start + batch_size], chat=task.use_chat_template,
+                                       device=device, assistant_prefix=prefix)  # [b, P] left-padded
             generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + start)
             rollout = backend.sample(model, ids, mask, generator)
             for comp, keep in zip(rollout.completion_ids, rollout.completion_mask, strict=True):  # [L], [L]
-                completions.append(tokenizer.decode(comp[keep], skip_special_tokens=True))
+                if protocol == "d1":  # d1 eval.py: the whole window, special tokens kept
+                    completions.append(tokenizer.decode(comp, skip_special_tokens=False))
+                else:
+                    completions.append(tokenizer.decode(comp[keep], skip_special_tokens=True))
                 lengths.append(int(keep.sum()))
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - t0
 
-    prompts = [r["prompt"] for r in rows]
     columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    rewards = [float(v) for v in task.reward(prompts, completions, **columns)]
-    if len(rewards) != len(rows):
-        raise RuntimeError(f"task {task_name!r} reward returned {len(rewards)} values for {len(rows)} completions.")
+    rewards, accuracy = score_completions(task_name, protocol, prompts, completions, rows)
     n = len(rows)
     chat = bool(task.use_chat_template and getattr(tokenizer, "chat_template", None))
     scores = {
-        "task": task_name, "split": split, "n": n, "accuracy": sum(rewards) / n,
+        "task": task_name, "split": split, "protocol": protocol, "n": n, "accuracy": accuracy,
         "full_reward_frac": sum(r >= 1.0 for r in rewards) / n, "gen_length": sampler.gen_length,
         "block_length": sampler.block_length, "steps": sampler.steps, "temperature": sampler.temperature,
         "remasking": sampler.remasking, "chat_template": chat,
@@ -149,6 +158,135 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         atomic_write_text(out / "generations.jsonl", "\n".join(lines) + "\n")
         atomic_write_text(out / "scores.json", json.dumps(scores, indent=2, default=str) + "\n")
     return scores
+
+
+def check_protocol(protocol: str, task: str) -> None:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"--protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}.")
+    if protocol == "d1":
+        d1.check_task(task)
+
+
+def score_completions(task_name: str, protocol: str, prompts: list, completions: list[str], rows: list[dict],
+                      ) -> tuple[list[float], float]:
+    """Per-row rewards and the split's accuracy under `protocol`.
+
+    strict: the task's reward, accuracy = mean reward. d1: (correct, total) per row from tasks/d1.py, reward =
+    correct / total, accuracy = Σ correct / Σ total (= the mean for 0/1 tasks; Sudoku: correct cells / empty cells).
+    """
+    from dllm_ais.tasks.registry import get_task
+
+    if protocol == "d1":
+        pairs = [d1.score(task_name, text, row) for text, row in zip(completions, rows, strict=True)]
+        total = sum(t for _, t in pairs)
+        return [c / t if t else 0.0 for c, t in pairs], (sum(c for c, _ in pairs) / total if total else 0.0)
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    rewards = [float(v) for v in get_task(task_name).reward(prompts, completions, **columns)]
+    if len(rewards) != len(rows):
+        raise RuntimeError(f"task {task_name!r} reward returned {len(rewards)} values for {len(rows)} completions.")
+    return rewards, sum(rewards) / len(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rescoring saved generations
+
+
+def read_generation_file(path: str | os.PathLike, task: str) -> tuple[str, list[dict], list[str]]:
+    """(layout, rows, completions) of a saved generation file, without a model.
+
+    Layouts: "d1" — d1's `*_generations.json`, one JSON object {"generations": [{"question", "generations" (text),
+    "ground_truth", ...}]}; its rows are rebuilt in our columns (tasks/d1.py `row_from_d1`). "ours" — our
+    generations.jsonl, one object per line with "completion" and the task's columns.
+    """
+    from dllm_ais.tasks.registry import get_task
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--score-file {path}: no such file.")
+    text = path.read_text()
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict) and isinstance(whole.get("generations"), list):
+        rows, completions = [], []
+        for i, item in enumerate(whole["generations"]):
+            if not isinstance(item, dict) or not isinstance(item.get("generations"), str):
+                raise ValueError(f"{path}: generations[{i}] has no 'generations' text (d1 layout).")
+            try:
+                row = d1.row_from_d1(task, item)
+            except (TypeError, ValueError, KeyError) as e:
+                raise ValueError(f"{path}: generations[{i}]: {e}") from None
+            row["prompt"] = item.get("question", "")
+            rows.append(row)
+            completions.append(item["generations"])
+        return "d1", rows, completions
+    needed = get_task(task).answer_columns
+    rows, completions = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg}); expected d1's *_generations.json or our "
+                             "generations.jsonl.") from None
+        if not isinstance(item, dict) or not isinstance(item.get("completion"), str):
+            raise ValueError(f"{path}:{n}: no 'completion' text (our generations.jsonl layout).")
+        missing = [c for c in needed if c not in item]
+        if missing:
+            raise ValueError(f"{path}:{n}: missing column(s) {missing} that task {task!r} scores with.")
+        completions.append(item.pop("completion"))
+        item.setdefault("prompt", "")
+        rows.append(item)
+    if not rows:
+        raise ValueError(f"--score-file {path}: no generations in it.")
+    return "ours", rows, completions
+
+
+def rescore(paths: list[str], task: str, protocol: str = "strict") -> tuple[dict[str, Any], list[dict]]:
+    """Score saved generations (several files are pooled, as d1 pools its per-rank files) -> (scores, rows)."""
+    from dllm_ais.tasks.registry import get_task
+
+    try:
+        get_task(task)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+    check_protocol(protocol, task)
+    rows, completions, layouts = [], [], []
+    for path in paths:
+        layout, r, c = read_generation_file(path, task)
+        rows += r
+        completions += c
+        layouts.append(layout)
+    prompts = [r["prompt"] for r in rows]
+    rewards, accuracy = score_completions(task, protocol, prompts, completions, rows)
+    scores = {"task": task, "protocol": protocol, "n": len(rows), "accuracy": accuracy,
+              "full_reward_frac": sum(r >= 1.0 for r in rewards) / len(rows), "files": list(paths),
+              "layouts": layouts}
+    out_rows = [{**{k: v for k, v in row.items()}, "completion": c, "reward": r}
+                for row, c, r in zip(rows, completions, rewards, strict=True)]
+    return scores, out_rows
+
+
+def cmd_score_file(args: argparse.Namespace) -> int:
+    """`dllm-ais eval --score-file FILE --task T [--protocol P] [--out DIR]`: rescore without a model."""
+    if not args.task:
+        raise ValueError("--score-file needs --task (gsm8k, math500, countdown, sudoku, arith).")
+    given = [flag for flag, v in (("--model", args.model), ("--run", args.run), ("--preset", args.preset)) if v]
+    if given:
+        raise ValueError(f"--score-file rescores saved text without a model; drop {', '.join(given)}.")
+    scores, rows = rescore(args.score_file, args.task, args.protocol)
+    print(f"{'task':<12} {'protocol':<9} {'n':>6} {'accuracy':>9}")
+    print(f"{scores['task']:<12} {scores['protocol']:<9} {scores['n']:>6} {scores['accuracy']:>9.4f}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "generations.jsonl",
+                          "".join(json.dumps(r, default=str) + "\n" for r in rows))
+        atomic_write_text(out / "scores.json", json.dumps(scores, indent=2) + "\n")
+        print(f"wrote {out}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -182,6 +320,10 @@ def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = model.config.pad_token_id
+    if getattr(model.config, "model_type", None) == "llada":
+        from dllm_ais.models.load import fill_token_ids_from_tokenizer
+
+        fill_token_ids_from_tokenizer(model.config, tokenizer)
     return tokenizer
 
 
@@ -195,8 +337,9 @@ def _load_dir(model_dir: Path, preset: Preset):
     return model, _tokenizer_for(model_dir, preset, model)
 
 
-def _load_run(run_path: Path, device: str | None, dtype: str | None) -> EvalModel:
-    """The latest checkpoint of a training run: model/ directly, or the run's base model + adapter/ merged."""
+def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path | None = None) -> EvalModel:
+    """A training run's checkpoint (`ckpt`, default its latest): model/ directly, or the run's base model + adapter/
+    merged."""
     from dllm_ais.run_dir import MANIFEST, RunDir
     from dllm_ais.train_job import SFT_DIR, family
 
@@ -205,7 +348,7 @@ def _load_run(run_path: Path, device: str | None, dtype: str | None) -> EvalMode
         raise FileNotFoundError(f"--run {run_path}: no config.json, so not a dllm-ais run directory.")
     preset = Preset.from_dict(json.loads(run.config_file.read_text()))
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
-    ckpt = run.latest()
+    ckpt = run.latest() if ckpt is None else ckpt
     if ckpt is None:
         hint = f" or evaluate its SFT model with --model {run_path / SFT_DIR}" if (run_path / SFT_DIR).is_dir() else ""
         raise FileNotFoundError(f"--run {run_path}: the run has no checkpoint yet (no checkpoints/latest); wait for "
@@ -246,6 +389,12 @@ def load_for_eval(model_dir: str | os.PathLike | None = None, run_dir: str | os.
         if preset is not None:
             raise ValueError("--preset cannot be combined with --run: the run's config.json names its preset.")
         return _load_run(Path(run_dir), device, dtype)
+    if model_dir is not None and (Path(model_dir) / "trainer_state.pt").is_file():  # <run>/checkpoints/step-N
+        if preset is not None:
+            raise ValueError("--preset cannot be combined with a checkpoint directory: its run's config.json names "
+                             "the preset.")
+        step_dir = Path(model_dir)
+        return _load_run(step_dir.parent.parent, device, dtype, ckpt=step_dir)
     preset = get_preset(preset or "tiny-cpu") if not isinstance(preset, Preset) else preset
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
     if model_dir is None:
@@ -283,8 +432,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `dllm-ais eval`."""
     parser.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default tiny-cpu; not "
                         "with --run)")
-    parser.add_argument("--model", default=None, help="LLaDA checkpoint directory (official layout), e.g. "
-                        "<run>/checkpoints/step-N/model or <run>/sft")
+    parser.add_argument("--model", default=None, help="checkpoint directory: a run's checkpoints/step-N, "
+                        "<run>/sft, a downloaded checkpoint (LLaDA official layout; Qwen with a qwen preset) or a "
+                        "hub id")
     parser.add_argument("--run", default=None, help="training run directory: evaluate its latest checkpoint")
     parser.add_argument("--task", default=None, help="task name (default: the preset's/run's training task)")
     parser.add_argument("--split", default="test", help="split to evaluate (default test)")
@@ -295,17 +445,27 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                              "Default: the preset's length")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per sampler batch (default 16)")
     parser.add_argument("--out", default=None, help="output directory: one <task>-<split>-gen<L>/ per length with "
-                        "generations.jsonl and scores.json")
+                        "generations.jsonl and scores.json (default evals/<task>-<protocol>-<time>; with "
+                        "--score-file nothing is written unless --out is given)")
     parser.add_argument("--seed", type=int, default=0, help="seed of procedural test sets and sampler noise")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the preset's)")
     parser.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16 (default: preset's)")
     parser.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a tty")
+    parser.add_argument("--protocol", default="strict", choices=PROTOCOLS,
+                        help="strict (default): the task's prompt and strict reward. d1: d1's prompts (system prompt, "
+                             "'<reasoning>' opening), block 32, steps L/2, d1's answer parsing; Sudoku scores cell "
+                             "accuracy (gsm8k, math500, countdown, sudoku)")
+    parser.add_argument("--score-file", action="append", default=None, metavar="FILE",
+                        help="rescore saved generations without a model (d1's *_generations.json or our "
+                             "generations.jsonl; repeatable, pooled); needs --task")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run `dllm-ais eval`: evaluate at each gen length, print a table, write results under --out."""
     from dllm_ais.run_dir import CheckpointCorrupt
 
+    if args.score_file:
+        return cmd_score_file(args)
     try:
         loaded = load_for_eval(args.model, args.run, args.preset, device=args.device, dtype=args.dtype)
     except CheckpointCorrupt as e:
@@ -313,19 +473,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
     preset = loaded.preset
     task = args.task or preset.train.task
     task_config = preset.train.task_config if task == preset.train.task else None
-    samplers = [eval_sampler(preset, L) for L in (parse_gen_lengths(args.gen_length) or [None])]
+    check_protocol(args.protocol, task)
+    out_root = args.out or f"evals/{task}-{args.protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
+    lengths = parse_gen_lengths(args.gen_length) or [None]
+    if args.protocol == "d1":  # d1's sampler for every model, the tiny one included
+        samplers = [d1_sampler(L or preset.sampler.gen_length) for L in lengths]
+    else:
+        samplers = [eval_sampler(preset, L) for L in lengths]
     results = []
     for sampler in samplers:
-        out = Path(args.out) / f"{task}-{args.split}-gen{sampler.gen_length}" if args.out else None
+        tag = "-d1" if args.protocol == "d1" else ""
+        out = Path(out_root) / f"{task}-{args.split}{tag}-gen{sampler.gen_length}"
         results.append(evaluate(loaded.model, loaded.tokenizer, task, sampler, split=args.split,
                                 data_path=args.data_path, limit=args.limit, batch_size=args.batch_size,
                                 seed=args.seed, out_dir=out, progress=args.progress or sys.stderr.isatty(),
                                 task_config=task_config, meta={"model": loaded.source, "preset": preset.name},
-                                family=preset.model.family))
+                                family=preset.model.family, protocol=args.protocol))
     print(f"model: {loaded.source}")
     print(f"{'task':<12} {'split':<6} {'gen_length':>10} {'n':>6} {'accuracy':>9}")
     for r in results:
         print(f"{r['task']:<12} {r['split']:<6} {r['gen_length']:>10} {r['n']:>6} {r['accuracy']:>9.4f}")
-    if args.out:
-        print(f"wrote {args.out}")
+    print(f"wrote {out_root}")
     return 0

@@ -157,7 +157,7 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run directories (metrics.jsonl)")
     parser.add_argument("--out", default=None, help="output PNG (default <first RUN_DIR>/curves.png)")
     parser.add_argument("--keys", action="append", default=None, metavar="KEY[,KEY...]",
-                        help=f"metrics to plot, repeatable or comma list (default {','.join(DEFAULT_KEYS)})")
+                        help=f"metrics to plot, repeatable or comma list (default {', '.join(DEFAULT_KEYS)})")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window in steps (default 1: raw)")
 
 

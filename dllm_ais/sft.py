@@ -7,9 +7,17 @@ completion counts as real tokens (the model learns where to stop), as in LLaDA's
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
+from dllm_ais.atomic import atomic_file
 from dllm_ais.progress import progress_bar
 
 
@@ -42,11 +50,44 @@ def pad_completions(tokenizer, completions: list[str], length: int, eos_token_id
     return torch.tensor(rows, dtype=torch.long)
 
 
+@contextmanager
+def _stop_at_step_end():
+    """While active, the first Ctrl-C sets flag["stop"] (the current step finishes); a second one interrupts at once.
+    Outside the main thread signals cannot be handled: the flag then never rises."""
+    flag = {"stop": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag["stop"]:
+            raise KeyboardInterrupt
+        flag["stop"] = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _save_partial(path: Path, model, opt, sched, step: int, gen: torch.Generator, noise: torch.Generator) -> None:
+    state = {"step": step, "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "gen": gen.get_state(),
+             "noise": noise.get_state()}
+    with atomic_file(path) as tmp:
+        torch.save(state, tmp)
+
+
 def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
-            gen_length: int, loss_fn, eos_token_id: int, seed: int, progress: bool = False):
+            gen_length: int, loss_fn, eos_token_id: int, seed: int, progress: bool = False,
+            checkpoint: str | os.PathLike | None = None):
     """SFT on (prompt, completion) pairs: `steps` AdamW updates of `batch_size` pairs each.
 
     loss_fn(model, prompt_ids, prompt_mask, completion_ids, generator) -> [] (a backend's `sft_loss`).
+    checkpoint: a file for an interrupted warm-up. Ctrl-C lets the current step finish, saves model, optimizer,
+    schedule and both generators there (atomically) and raises KeyboardInterrupt; a later call with the same file
+    continues from that step and gives the weights of an uninterrupted warm-up. The caller deletes it when done.
     """
     from dllm_ais.models.load import encode_prompts
 
@@ -55,20 +96,46 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_si
     noise = torch.Generator(device=device).manual_seed(seed + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(steps, 1))  # linear decay to 0
+    start = 0
+    checkpoint = None if checkpoint is None else Path(checkpoint)
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        gen.set_state(state["gen"])
+        noise.set_state(state["noise"])
+        start = state["step"]
     model.train()
-    bar = progress_bar(range(steps), enabled=progress, desc="SFT warm-up", unit="step")
-    for _ in bar:
-        idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
-        prompts, completions = zip(*(pairs[i] for i in idx), strict=True)
-        ids, mask = encode_prompts(tokenizer, list(prompts), chat=False, device=device)
-        target = pad_completions(tokenizer, list(completions), gen_length, eos_token_id).to(device)
-        loss = loss_fn(model, ids, mask, target, noise)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if progress:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+    bar = progress_bar(range(start, steps), enabled=progress, desc="SFT warm-up", unit="step")
+    with _stop_at_step_end() as flag:
+        for step in bar:
+            if flag["stop"]:
+                if checkpoint is not None:
+                    _save_partial(checkpoint, model, opt, sched, step, gen, noise)
+                    print(f"SFT warm-up interrupted after {step}/{steps} steps; saved to {checkpoint}. Run the same "
+                          "train command with --resume to continue it.", file=sys.stderr)
+                else:
+                    print(f"SFT warm-up interrupted after {step}/{steps} steps; nothing was saved.", file=sys.stderr)
+                raise KeyboardInterrupt
+            _sft_step(model, tokenizer, pairs, batch_size, gen_length, loss_fn, eos_token_id, gen, noise, opt,
+                      sched, device, encode_prompts, bar if progress else None)
     opt.zero_grad(set_to_none=True)  # no SFT gradient may leak into the first RL update
     return model.eval()
+
+
+def _sft_step(model, tokenizer, pairs, batch_size, gen_length, loss_fn, eos_token_id, gen, noise, opt, sched, device,
+              encode_prompts, bar) -> None:
+    """One AdamW update on `batch_size` pairs drawn with `gen`."""
+    idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
+    prompts, completions = zip(*(pairs[i] for i in idx), strict=True)
+    ids, mask = encode_prompts(tokenizer, list(prompts), chat=False, device=device)
+    target = pad_completions(tokenizer, list(completions), gen_length, eos_token_id).to(device)
+    loss = loss_fn(model, ids, mask, target, noise)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    if bar is not None:
+        bar.set_postfix(loss=f"{loss.item():.3f}")

@@ -16,11 +16,14 @@ from dllm_ais.run_dir import RunDir
 from dllm_ais.trainer import Policy, Trainer
 
 SFT_DIR = "sft"
+SFT_PARTIAL = "sft-partial.pt"
+"""State of an SFT warm-up interrupted by Ctrl-C (model, optimizer, schedule, generators); removed once sft/ exists."""
 
 
 def task_rows_and_reward(preset: Preset):
     """Training rows and the reward function (the task's, or the user's by import path)."""
-    from dllm_ais.tasks.registry import get_task, load_reward_function
+    from dllm_ais.rewards import load_reward_set
+    from dllm_ais.tasks.registry import get_task
 
     tc = preset.train
     try:
@@ -30,8 +33,24 @@ def task_rows_and_reward(preset: Preset):
     rows = task.load("train", data_path=tc.data_path, seed=tc.seed, **task_config_kwargs(task.load, tc.task_config))
     if not rows:
         raise ValueError(f"task {tc.task!r} has no training rows (data_path={tc.data_path!r}).")
-    reward = load_reward_function(tc.reward_fn) if tc.reward_fn else task.reward
+    reward = load_reward_set(tc.reward_fn, tc.reward_weights, task.reward)
     return task, rows, reward
+
+
+def check_model_source(mc) -> None:
+    """Fail before the run directory is created when `mc.path` is not a loadable checkpoint directory (a hub id is
+    fetched here, as loading would). LLaDA: config.json is parsed and validated; Qwen: config.json must exist."""
+    if mc.path is None:
+        return
+    from dllm_ais.models.load import resolve_checkpoint_dir
+
+    directory = resolve_checkpoint_dir(mc.path)
+    if mc.family == "llada":
+        from dllm_ais.models.checkpoint import read_llada_config
+
+        read_llada_config(directory)
+    elif not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"--model {mc.path}: no config.json, so not a checkpoint directory.")
 
 
 def task_config_kwargs(fn, options: dict) -> dict:
@@ -128,9 +147,12 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
             model = family_.load_dir(cache, dtype=getattr(torch, mc.dtype), device=mc.device)
         else:
             pairs = _sft_pairs(tc.task, 20_000, tc.seed, tc.task_config)
+            partial = run.path / SFT_PARTIAL  # an interrupted warm-up continues from here (--resume)
             warm_up(model, tokenizer, pairs, tc.sft_steps, tc.sft_batch_size, tc.sft_learning_rate,
-                    preset.sampler.gen_length, backend.sft_loss, tokenizer.eos_token_id, tc.seed, progress=progress)
+                    preset.sampler.gen_length, backend.sft_loss, tokenizer.eos_token_id, tc.seed, progress=progress,
+                    checkpoint=partial)
             family_.save(model, tokenizer, cache)
+            partial.unlink(missing_ok=True)
     if tc.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -174,6 +196,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     if steps is not None:
         preset = replace(preset, train=replace(preset.train, steps=steps))
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
+    if not resume:
+        check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind
     state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
     if state.is_main_process:
         preset = run.create(preset, resume=False) if not resume else run.update_config(preset)

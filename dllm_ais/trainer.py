@@ -28,6 +28,7 @@ from dllm_ais.grpo import grpo_loss
 from dllm_ais.master_weights import MasterWeights
 from dllm_ais.mismatch_stats import k1, masked_mean, rollout_diagnostics
 from dllm_ais.models.load import encode_prompts
+from dllm_ais.rewards import RewardSet, StepSkipped, TrainerState
 from dllm_ais.run_dir import RunDir
 
 TOKEN_MEAN_LOSSES = ("bnpo", "dapo")
@@ -72,10 +73,6 @@ class Policy:
     """Wrap prompts in the tokenizer's chat template."""
 
 
-class StepSkipped(Exception):
-    """A step that could not be used (reward error); reported and counted, training goes on."""
-
-
 def _batch_rows(rows: list[dict], step: int, per_step: int, rank: int, world: int, seed: int) -> list[dict]:
     """Prompts of `step` for process `rank`: a fresh seeded permutation per epoch, consumed in order."""
     n = len(rows)
@@ -87,22 +84,6 @@ def _batch_rows(rows: list[dict], step: int, per_step: int, rank: int, world: in
         if epoch not in perms:
             perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
         out.append(rows[perms[epoch][j]])
-    return out
-
-
-def compute_rewards(reward_fn, prompts: list[str], completions: list[str], rows: list[dict]) -> torch.Tensor:
-    """Call a TRL-style reward function; any exception becomes StepSkipped naming the function."""
-    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    try:
-        values = reward_fn(prompts, completions, **columns)
-        out = torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
-    except Exception as e:  # user code: report, never crash the run
-        name = getattr(reward_fn, "__qualname__", repr(reward_fn))
-        raise StepSkipped(f"reward function {name} raised {type(e).__name__}: {e}") from e
-    if out.shape != (len(completions),):
-        raise StepSkipped(f"reward function returned {out.numel()} values for {len(completions)} completions.")
-    if not torch.isfinite(out).all():
-        raise StepSkipped("reward function returned None/NaN/inf for some completions.")
     return out
 
 
@@ -134,7 +115,7 @@ class Trainer:
         self.tc = preset.train
         self.policy = policy
         self.run = run
-        self.reward_fn = reward_fn
+        self.reward_fn = reward_fn if isinstance(reward_fn, RewardSet) else RewardSet([reward_fn])
         self.rows = rows
         self.progress = progress
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
@@ -315,13 +296,21 @@ class Trainer:
         texts = [tok.decode(c[k], skip_special_tokens=True)
                  for c, k in zip(rollout.completion_ids, rollout.completion_mask, strict=True)]
         try:
-            rewards, error = compute_rewards(self.reward_fn, prompts, texts, rows).to(device), None
+            ids_kept = [c[k].tolist() for c, k in zip(rollout.completion_ids, rollout.completion_mask, strict=True)]
+            chat = bool(self.policy.use_chat_template and getattr(tok, "chat_template", None))
+            scored = self.reward_fn(prompts, texts, rows, trainer_state=TrainerState(step, tc.steps),
+                                    completion_ids=ids_kept, conversational=chat)
+            rewards, error = scored.total.to(device), None
         except StepSkipped as e:
             rewards, error = None, e
-        if self._any_process(error is not None):  # skip together, or the others would wait in the all-reduce
+        failed = self._any_process(error is not None)  # skip together, or the others would wait in the all-reduce
+        self.reward_fn.record(failed, error)  # RewardFailure after too many failed steps in a row
+        if failed:
             raise error or StepSkipped("another process's reward function failed")
         row[M.REWARD_MEAN] = float(rewards.mean())
         row[M.reward_key(tc.task)] = row[M.REWARD_MEAN]
+        if len(scored.per_function) > 1:
+            row.update({M.reward_key(f"fn/{name}"): v for name, v in scored.per_function.items()})
         adv_out = group_advantages(rewards, G, cfg.grpo.scale_rewards)
         adv = adv_out.adv
         row.update(adv_out.metrics())

@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ks", default=None, help="comma-separated K values (default 1,2,4,8,16,32,64)")
     p.add_argument("--estimators", default=None, help="comma-separated subset of the estimators (default: all)")
     p.add_argument("--repeats", type=int, default=None, help="R, estimates per sequence and setting (default 16)")
-    p.add_argument("--batch-size", type=int, default=None, help="forward rows per model call (default 256 tiny, 8)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="sequences per model forward when estimating ELBOs (default: 256 for the tiny built-in model, "
+                        "8 for a --model checkpoint; lower it if memory runs out)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and mask draws (and the tiny model)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--smoke", action="store_true", help="seconds-long run: tiny model, K in 1,2,4, 4 repeats")

@@ -31,6 +31,20 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded; the message names the file, field or tensor."""
 
 
+OPTIONAL_TOKEN_IDS = ("bos_token_id", "eot_token_id")
+"""Ids a config.json may omit: taken from generation_config.json, then the tokenizer (models/load.py), else None."""
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e}).") from e
+    return data if isinstance(data, dict) else {}
+
+
 def read_llada_config(path: str | os.PathLike) -> LLaDAConfig:
     """Parse `path/config.json` into an LLaDAConfig, naming the field that is wrong."""
     cfg_file = Path(path) / "config.json"
@@ -43,7 +57,16 @@ def read_llada_config(path: str | os.PathLike) -> LLaDAConfig:
                               "Autoregressive models go through the Qwen backend.")
     if data.get("mask_token_id") is None:
         raise CheckpointError(f"{cfg_file}: missing field 'mask_token_id' (126336 for LLaDA-8B); add it.")
+    generation = _read_json(Path(path) / "generation_config.json")
+    for key in OPTIONAL_TOKEN_IDS:  # never LLaDAConfig's LLaDA-8B defaults: those ids are out of range elsewhere
+        if data.get(key) is None:
+            data[key] = generation.get(key) if isinstance(generation.get(key), int) else None
     config = LLaDAConfig.from_dict(data)
+    for key in ("eos_token_id", "pad_token_id", *OPTIONAL_TOKEN_IDS):
+        value = getattr(config, key, None)
+        if value is not None and not 0 <= value < config.embedding_size:
+            raise CheckpointError(f"{cfg_file}: {key}={value} is outside the embedding ({config.embedding_size} "
+                                  "rows); set it to this checkpoint's id.")
     try:
         config.validate()
     except ValueError as e:

@@ -43,7 +43,24 @@ def load_model_and_tokenizer(cfg: ModelConfig) -> tuple[LLaDAModelLM, object]:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = model.config.pad_token_id
+    fill_token_ids_from_tokenizer(model.config, tokenizer)
     return model, tokenizer
+
+
+EOT_TOKEN = "<|eot_id|>"
+"""LLaDA's end-of-turn token; its id is looked up in the tokenizer when config.json has no eot_token_id."""
+
+
+def fill_token_ids_from_tokenizer(config, tokenizer) -> None:
+    """Set config.bos_token_id / eot_token_id from the tokenizer where config.json and generation_config.json had
+    none (LLaDA-8B's ids are never assumed). An id the tokenizer lacks stays None: no BOS, EOS is the only stop."""
+    size = config.embedding_size
+    if getattr(config, "bos_token_id", None) is None:
+        bos = getattr(tokenizer, "bos_token_id", None)
+        config.bos_token_id = bos if isinstance(bos, int) and 0 <= bos < size else None
+    if getattr(config, "eot_token_id", None) is None:
+        eot = tokenizer.get_vocab().get(EOT_TOKEN)
+        config.eot_token_id = eot if isinstance(eot, int) and 0 <= eot < size else None
 
 
 def stop_token_ids(model: LLaDAModelLM) -> tuple[int, ...]:
@@ -52,16 +69,21 @@ def stop_token_ids(model: LLaDAModelLM) -> tuple[int, ...]:
     return tuple(i for i in ids if i is not None)
 
 
-def encode_prompts(tokenizer, prompts: list[str], chat: bool = True, device: str | torch.device = "cpu"):
-    """Left-padded prompt ids and mask [B, P]; wraps each prompt in the chat template when the tokenizer has one."""
+def encode_prompts(tokenizer, prompts: list[str], chat: bool = True, device: str | torch.device = "cpu",
+                   assistant_prefix: str = ""):
+    """Left-padded prompt ids and mask [B, P]; wraps each prompt in the chat template when the tokenizer has one.
+
+    assistant_prefix: text appended after the template's generation prompt (d1 opens the answer with "<reasoning>").
+    """
     if not prompts:
         raise ValueError("no prompts given.")
     if chat and getattr(tokenizer, "chat_template", None):
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                               tokenize=False) for p in prompts]
+                                               tokenize=False) + assistant_prefix for p in prompts]
         enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
     else:
-        enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt")
+        enc = tokenizer([p + assistant_prefix for p in prompts], add_special_tokens=False, padding=True,
+                        return_tensors="pt")
     if tokenizer.padding_side != "left":
         raise ValueError("tokenizer.padding_side must be 'left' for diffusion sampling.")
     return enc["input_ids"].to(device), enc["attention_mask"].bool().to(device)

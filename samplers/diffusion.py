@@ -9,7 +9,8 @@ over its steps (the remainder goes to the first steps).
 Two departures from LLaDA's reference `generate`, neither changing what a trained model samples: logits are computed
 only for the current block (the others cannot be committed; this cuts the LM head's cost and the float64 buffers by
 the number of blocks), and the mask token is never proposed (the reference can commit a mask id, which then stays in
-the completion).
+the completion). The confidence of a proposal is its probability under the full softmax, mask token included, as in
+the reference: excluding the mask only from the proposal keeps near-ties ordered as the reference orders them.
 """
 
 from __future__ import annotations
@@ -104,10 +105,11 @@ def diffusion_sample(
                 uncond[:, :P][prompt_mask] = mask_token_id
                 un_logits = _logits(model, uncond, attn, P + lo, P + hi)
                 logits = un_logits + (config.cfg_scale + 1) * (logits - un_logits)
-            logits[..., mask_token_id] = -torch.inf  # never propose the mask token
+            if config.remasking == "low_confidence":  # confidence from the full softmax, mask token included
+                probs = torch.softmax(logits.to(torch.float64), dim=-1)  # [B, Lb, V]
+            logits[..., mask_token_id] = -torch.inf  # never propose the mask token (the proposal only)
             proposal = propose_tokens(logits, config.temperature, generator)  # [B, Lb]
             if config.remasking == "low_confidence":
-                probs = torch.softmax(logits.to(torch.float64), dim=-1)
                 confidence = probs.gather(-1, proposal[..., None]).squeeze(-1)  # [B, Lb]
             else:
                 confidence = torch.rand(masked.shape, generator=generator, device=device, dtype=torch.float64)

@@ -7,7 +7,9 @@ back as plain dicts in file order (``limit`` keeps the first rows; the trainer s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -33,14 +35,22 @@ def read_rows(
 
     A local file *is* the split: all its rows are returned whatever ``split`` says.
     """
-    import datasets  # heavy: imported only when data is actually read
-
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     source = hub_name if data_path is None else str(data_path)
     builder = None if data_path is None else local_format(source)
+    if builder == "json" and not any(c in source for c in "*?["):
+        rows = read_json_rows(source)
+        return rows if limit is None else rows[:limit]
+    import datasets  # heavy: imported only when data is actually read
+
     if builder is not None:
-        dataset = datasets.load_dataset(builder, data_files=source, split="train")
+        if not any(c in source for c in "*?[") and not Path(source).is_file():
+            raise FileNotFoundError(f"{source}: no such file.")
+        try:
+            dataset = datasets.load_dataset(builder, data_files=source, split="train")
+        except Exception as err:  # datasets' own traceback is long and rarely names the line
+            raise ValueError(f"{source}: could not read it as {builder} ({type(err).__name__}: {err}).") from None
     else:
         config = hub_config if data_path is None else None
         try:
@@ -53,6 +63,39 @@ def read_rows(
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     return dataset.to_list()
+
+
+def read_json_rows(path: str) -> list[dict[str, Any]]:
+    """Rows of a local JSON-lines file (one object per line) or of a JSON array of objects, in file order; every row
+    gets every column (None where a row lacks it). Errors are one line naming the file and line."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no such file.")
+    text = file.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"{path}: the file is empty; expected one JSON object per line.")
+    rows: list[Any] | None = None
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}).") from None
+        lines = list(range(1, len(rows) + 1))
+    else:
+        rows, lines = [], []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}, column {e.colno}).") from None
+            lines.append(n)
+    for row, n in zip(rows, lines, strict=True):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}.")
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    return [{k: row.get(k) for k in columns} for row in rows]
 
 
 def require(row: dict[str, Any], index: int, field: str, source: str, aliases: Sequence[str] = ()) -> Any:

@@ -116,3 +116,33 @@ def test_tokenizer_opens_with_autotokenizer(tmp_path):
     save_llada(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "ckpt"))
     assert tok.mask_token_id == 4 and tok.decode(tok("12+7=")["input_ids"]) == "12+7="
+
+
+def _without_token_ids(c):
+    c.pop("bos_token_id")
+    c.pop("eot_token_id")
+
+
+def test_missing_bos_eot_never_become_llada_8b_ids(tmp_path):
+    path = _corrupt(tmp_path, edit_config=_without_token_ids)
+    cfg = load_llada(path).config
+    assert cfg.bos_token_id is None and cfg.eot_token_id is None  # not 126080 / 126348
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 2}))
+    assert load_llada(path).config.bos_token_id == 2
+
+
+def test_missing_bos_eot_come_from_the_tokenizer(tmp_path):
+    from dllm_ais.config import ModelConfig
+    from dllm_ais.models.load import load_model_and_tokenizer
+    from dllm_ais.models.tiny import BOS, EOT, tiny_vocab
+
+    path = _corrupt(tmp_path, edit_config=_without_token_ids)
+    tiny_tokenizer().save_pretrained(str(path))
+    model, _ = load_model_and_tokenizer(ModelConfig(path=str(path), dtype="float32", device="cpu"))
+    vocab = tiny_vocab()
+    assert (model.config.bos_token_id, model.config.eot_token_id) == (vocab[BOS], vocab[EOT])
+
+
+def test_token_id_outside_the_embedding_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match="eot_token_id=126348 is outside the embedding"):
+        load_llada(_corrupt(tmp_path, edit_config=lambda c: c.update(eot_token_id=126348)))

@@ -28,7 +28,12 @@ def _sample(model, prompts, cfg, seed=0):
 
 
 def reference_generate(model, prompt_ids, gen_length, block_length, steps, cfg_scale=0.0):
-    """LLaDA's generate for ONE unpadded prompt at temperature 0, written plainly with topk."""
+    """LLaDA's official generate for ONE unpadded prompt at temperature 0, written plainly with topk.
+
+    As the official code: the proposal is the argmax of the full logits and its confidence the full softmax
+    probability. Where the official code would commit the mask token itself (our sampler never proposes it), the
+    reference stops with an AssertionError, so an equality below always compares like with like.
+    """
     P = len(prompt_ids)
     x = torch.cat([prompt_ids, torch.full((gen_length,), MASK)])[None]
     steps_per_block = steps // (gen_length // block_length)
@@ -43,15 +48,58 @@ def reference_generate(model, prompt_ids, gen_length, block_length, steps, cfg_s
                 un[0, :P] = MASK
                 un_logits = model(un).logits[0].double()
                 logits = un_logits + (cfg_scale + 1) * (logits - un_logits)
-            logits[:, MASK] = -torch.inf  # the sampler never proposes the mask token
             x0 = logits.argmax(-1)
             p = torch.softmax(logits, -1).gather(-1, x0[:, None]).squeeze(-1)
             conf = torch.where(x[0] == MASK, p, -torch.inf)
             conf[:lo] = -torch.inf
             conf[hi:] = -torch.inf
             idx = torch.topk(conf, k).indices
+            assert not (x0[idx] == MASK).any(), "the official generate would commit the mask token here"
             x[0, idx] = x0[idx]
     return x[0, P:]
+
+
+class _NearTieModel(torch.nn.Module):
+    """Logits that depend on the canvas, built so that renormalising without the mask token flips a near-tie.
+
+    Completion of 2 tokens. While both are masked: position 0 proposes token 7 with p = 0.45 and gives the mask token
+    p = 0.40; position 1 proposes token 8 with p = 0.50 and the mask token ~0. Once one position is committed, the
+    other proposes token 9. Full softmax: position 1 (0.50 > 0.45) is committed first -> [9, 8]. Confidence
+    renormalised over non-mask tokens: position 0 (0.45 / 0.60 = 0.75 > 0.50) first -> [7, 9].
+    """
+
+    V = 16
+
+    def _row(self, probs: dict[int, float]) -> torch.Tensor:
+        rest = (1.0 - sum(probs.values())) / (self.V - len(probs))
+        p = torch.full((self.V,), rest, dtype=torch.float64)
+        for tok, v in probs.items():
+            p[tok] = v
+        return p.log()
+
+    def forward(self, input_ids, attention_mask=None, positions=None):
+        B, T = input_ids.shape
+        comp = input_ids[:, -2:]  # [B, 2]
+        logits = torch.zeros(B, T, self.V, dtype=torch.float64)
+        for b in range(B):
+            if (comp[b] == MASK).all():
+                logits[b, -2] = self._row({7: 0.45, MASK: 0.40})
+                logits[b, -1] = self._row({8: 0.50, MASK: 1e-9})
+            else:
+                logits[b, -2:] = self._row({9: 0.9})
+        if positions is not None:
+            logits = logits[:, positions]
+        return type("Out", (), {"logits": logits})()
+
+
+def test_confidence_uses_the_full_softmax_mask_token_included():
+    model = _NearTieModel()
+    prompt = torch.tensor([5, 6, 10])
+    ref = reference_generate(model, prompt, gen_length=2, block_length=2, steps=2)
+    assert ref.tolist() == [9, 8]
+    cfg = SamplerConfig(gen_length=2, block_length=2, steps=2)
+    out = diffusion_sample(model, prompt[None], torch.ones(1, 3, dtype=torch.bool), cfg, MASK, (EOS,))
+    assert out.completion_ids[0].tolist() == [9, 8]
 
 
 @pytest.mark.parametrize("gen_length,block_length,steps,cfg_scale", [(12, 12, 6, 0.0), (12, 4, 6, 0.0),
