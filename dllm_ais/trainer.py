@@ -241,14 +241,25 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path | None:
-        if not self.acc.is_main_process:
-            return None
-        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "prev_lam": None if self.prev_lam is None else float(self.prev_lam), "skipped": self.skipped,
-                 "reward_errors": self.reward_errors}
-        if self.master_weights is not None:
-            state["master_weights"] = self.master_weights.state_dict()
-        return self.run.save_checkpoint(self.step, lambda d: self.policy.save_model(self.master, d), state)
+        """Write a checkpoint (main process; under FSDP every process takes part in gathering the full tensors)."""
+        main = self.acc.is_main_process
+        full_model = contextlib.nullcontext()
+        if self.fsdp:
+            from dllm_ais.fsdp_checkpoint import full_on_main, full_optimizer_state
+
+            optimizer_state = full_optimizer_state(self.optimizer, main)
+            full_model = full_on_main(self.master, main)
+        elif main:
+            optimizer_state = self.optimizer.state_dict()
+        with full_model:
+            if not main:
+                return None
+            state = {"step": self.step, "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
+                     "prev_lam": None if self.prev_lam is None else float(self.prev_lam), "skipped": self.skipped,
+                     "reward_errors": self.reward_errors}
+            if self.master_weights is not None:
+                state["master_weights"] = self.master_weights.state_dict()
+            return self.run.save_checkpoint(self.step, lambda d: self.policy.save_model(self.master, d), state)
 
     def resume(self) -> None:
         ckpt = self.run.latest()
@@ -257,9 +268,16 @@ class Trainer:
                 M.MetricsWriter(self.run.path).truncate_after(-1)
             return
         RunDir.verify(ckpt)
-        self.policy.load_model_state(self.master, ckpt)
         state = RunDir.load_state(ckpt)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:  # full tensors in the checkpoint: scatter them into this process's shards
+            from dllm_ais.fsdp_checkpoint import load_full_optimizer_state, loading_full
+
+            with loading_full(self.master):
+                self.policy.load_model_state(self.master, ckpt)
+            load_full_optimizer_state(self.optimizer, state["optimizer"])
+        else:
+            self.policy.load_model_state(self.master, ckpt)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         self.prev_lam = None if state["prev_lam"] is None else torch.tensor(state["prev_lam"])
