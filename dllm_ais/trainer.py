@@ -142,14 +142,19 @@ class Trainer:
         if self.tc.rollout_precision == "bf16":
             return self.master
         from dllm_ais.fp8.linear import quantize_model
+        from dllm_ais.models import qwen_rollout
 
+        if qwen_rollout.supports(self.master):  # Qwen3: fused static-cache rollout copy (models/qwen_rollout.py)
+            return qwen_rollout.rollout_copy(self.master, fp8_backend=self.tc.fp8_backend)
         return quantize_model(self.master, backend=self.tc.fp8_backend)
 
     def _sync_rollout(self) -> None:
         if self.rollout_model is not self.master:
             from dllm_ais.fp8.linear import sync_weights
+            from dllm_ais.models.qwen_rollout import QwenRollout, sync_qwen_rollout
 
-            sync_weights(self.master, self.rollout_model)
+            sync = sync_qwen_rollout if isinstance(self.rollout_model, QwenRollout) else sync_weights
+            sync(self.master, self.rollout_model)
 
     def _ref_logp(self, rollout, seed):
         if self.ref_model is not None:
