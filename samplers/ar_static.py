@@ -147,7 +147,7 @@ def _decoder(model, B: int, P: int, config: ARSamplerConfig, stops: tuple[int, .
     model._static_decoder = None  # free the old graph's pool before building a new one
     model.setup_cache(B, cap)
     dec = StaticDecoder(model, B, cap, config, torch.tensor(stops, device=model.device), pad)
-    if engine.cuda_graph and model.device.type == "cuda":
+    if engine.cuda_graph and model.device.type == "cuda" and config.max_new_tokens > 1:  # L = 1: no decode step
         dec.capture()
     model._static_decoder = (key, dec)
     return dec
