@@ -142,3 +142,30 @@ def test_supports_and_refusals():
                                                                 "factor": 2.0}))
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         QwenShape(128, 64, 128, 1, 4, 3, 16, 1e-6, 1e4, False)
+
+
+def test_trainer_uses_the_fused_copy_for_qwen3_fp8_and_keeps_it_synced(tmp_path):
+    from dataclasses import replace
+
+    from dllm_ais.config import get_preset
+    from dllm_ais.train_job import run_training
+
+    p = get_preset("tiny-qwen")
+    p = replace(p, train=replace(p.train, steps=2, prompts_per_step=2, sft_steps=0, rollout_precision="fp8",
+                                 fp8_backend="torch"), grpo=replace(p.grpo, num_generations=2))
+    trainer = run_training(p, tmp_path / "run", progress=False)
+    rollout = trainer.rollout_model
+    assert isinstance(rollout, QwenRollout) and rollout.fp8_backend == "torch"
+    with torch.no_grad():  # an update the copy has not seen yet
+        for param in trainer.master.parameters():
+            param.mul_(1.5)
+
+    def raw(t):
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+    stale = {n: raw(t).clone() for n, t in rollout.state_dict().items()}
+    trainer._sync_rollout()  # what the trainer runs after every optimizer step
+    got, want = rollout.state_dict(), rollout_copy(trainer.master, fp8_backend="torch").state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(raw(got[n]), raw(want[n])) for n in got)
+    assert not all(torch.equal(raw(got[n]), stale[n]) for n in got)
