@@ -373,3 +373,17 @@ def test_cuda_graph_equals_eager_on_gpu(fp8_backend):
     recomputed = sampling_logprobs(logits, cfg).gather(-1, graphed.completion_ids[..., None]).squeeze(-1)
     m = graphed.completion_mask
     torch.testing.assert_close(graphed.logp_rollout[m], recomputed[m].float(), atol=0.1, rtol=0)
+
+
+def test_bf16_fused_copy_records_its_own_logprobs_to_bf16_noise():
+    """bf16 on CPU: the cached decode attends over the whole (rounded-up) cache while a teacher-forced pass attends over
+    exactly its own length, and SDPA's bf16 arithmetic differs between the two by a few bf16 ulps of the logits (with a
+    cache of exactly the sequence's length both are bitwise equal). The recorded value is the one sampled from."""
+    fused = rollout_copy(tiny_qwen(seed=1, dtype=torch.bfloat16))
+    cfg = CONFIGS["T1"]
+    out = _sample(fused, PROMPTS, cfg, seed=3, stops=STOPS, extra_pad=1)
+    recomputed = sampling_logprobs(_teacher_forced_logits(fused, out), cfg)
+    recomputed = recomputed.gather(-1, out.completion_ids[..., None]).squeeze(-1).float()
+    m = out.completion_mask
+    assert m.sum() > 3
+    torch.testing.assert_close(out.logp_rollout[m], recomputed[m], atol=2e-2, rtol=0)
