@@ -83,10 +83,14 @@ class QwenShape:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' Qwen3RMSNorm: normalise in float32, cast back, then scale. x [..., n], weight [n]."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    """transformers' Qwen3RMSNorm: normalise in float32, cast back, then scale. x [..., n], weight [..., n]
+    (broadcast). `F.rms_norm` upcasts bf16/fp16 to float32 and casts the result back exactly like it (one fused kernel
+    on CUDA instead of eight); float64 goes the long way, since transformers normalises it in float32 too."""
+    if x.dtype == torch.float64:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(x.dtype)
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,17 +106,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """q [B, H, T, D], k/v [B, KV, S, D], allowed [B, T, S] bool -> [B, T, H·D].
+def grouped_mask(allowed: torch.Tensor, groups: int) -> torch.Tensor:
+    """allowed [B, T, S] bool -> [B, 1, G·T, S], the mask of `gqa_attention`'s stacked queries (built once per
+    forward, shared by every layer)."""
+    B, T, S = allowed.shape
+    return allowed[:, None, None].expand(B, 1, groups, T, S).reshape(B, 1, groups * T, S)
+
+
+def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, H, T, D], k/v [B, KV, S, D], mask [B, 1, G·T, S] bool (`grouped_mask`) -> [B, T, H·D].
 
     Grouped without copying K/V: the G = H / KV query heads of one KV head are stacked along the query axis
     ([B, KV, G·T, D]), so the cache is read once per step, not G times.
     """
     B, H, T, D = q.shape
     KV = k.shape[1]
-    G = H // KV
-    qg = q.reshape(B, KV, G * T, D)  # head h = kv·G + g
-    mask = allowed[:, None, None].expand(B, 1, G, T, allowed.shape[-1]).reshape(B, 1, G * T, allowed.shape[-1])
+    qg = q.reshape(B, KV, (H // KV) * T, D)  # head h = kv·G + g
     o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)  # [B, KV, G·T, D]
     return o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
 
@@ -128,33 +137,33 @@ class QwenRolloutLayer(nn.Module):
         qkv_out = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
         self.attn_norm = nn.Parameter(torch.ones(d, dtype=dtype, device=device), requires_grad=False)
         self.mlp_norm = nn.Parameter(torch.ones(d, dtype=dtype, device=device), requires_grad=False)
-        self.q_norm = nn.Parameter(torch.ones(s.head_dim, dtype=dtype, device=device), requires_grad=False)
-        self.k_norm = nn.Parameter(torch.ones(s.head_dim, dtype=dtype, device=device), requires_grad=False)
+        qk_heads = s.num_heads + s.num_kv_heads  # q_norm repeated over the H query heads, then k_norm over KV heads:
+        self.qk_norm = nn.Parameter(torch.ones(qk_heads, s.head_dim, dtype=dtype, device=device), requires_grad=False)
         self.wqkv = linear(d, qkv_out, f"{name}.wqkv")
         self.o_proj = linear(s.num_heads * s.head_dim, d, f"{name}.o_proj")
         self.gate_up = linear(d, 2 * s.intermediate_size, f"{name}.gate_up")
         self.down = linear(s.intermediate_size, d, f"{name}.down")
         self.shape = shape
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor,
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: tuple[torch.Tensor, torch.Tensor] | None, slots: torch.Tensor | None) -> torch.Tensor:
-        """h [B, T, d]; cos/sin [B, 1, T, D]; allowed [B, T, S]; cache K/V [B, KV, S, D] written at `slots` [T]
-        (None: attend to this call's own T keys only) -> [B, T, d]."""
+        """h [B, T, d]; cos/sin [B, 1, T, D]; mask [B, 1, G·T, S] (`grouped_mask`); cache K/V [B, KV, S, D] written
+        at `slots` [T] (None: attend to this call's own T keys only) -> [B, T, d]."""
         s = self.shape
         B, T, _ = h.shape
         H, KV, D = s.num_heads, s.num_kv_heads, s.head_dim
         qkv = self.wqkv(rms_norm(h, self.attn_norm, s.rms_norm_eps))  # [B, T, (H + 2KV)·D]
-        q, k, v = qkv.split([H * D, KV * D, KV * D], dim=-1)
-        q = rms_norm(q.view(B, T, H, D), self.q_norm, s.rms_norm_eps).transpose(1, 2)  # [B, H, T, D]
-        k = rms_norm(k.view(B, T, KV, D), self.k_norm, s.rms_norm_eps).transpose(1, 2)  # [B, KV, T, D]
+        qk, v = qkv.split([(H + KV) * D, KV * D], dim=-1)
+        # q and k heads normed and rotated together (per-head math, half the kernel launches)
+        qk = rms_norm(qk.view(B, T, H + KV, D), self.qk_norm, s.rms_norm_eps).transpose(1, 2)  # [B, H + KV, T, D]
+        q, k = apply_rope(qk, cos, sin).split([H, KV], dim=1)  # [B, H, T, D], [B, KV, T, D]
         v = v.view(B, T, KV, D).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k_cache, v_cache = cache
             k_cache.index_copy_(2, slots, k)
             v_cache.index_copy_(2, slots, v)
             k, v = k_cache, v_cache  # [B, KV, S, D]
-        h = h + self.o_proj(gqa_attention(q, k, v, allowed))
+        h = h + self.o_proj(gqa_attention(q, k, v, mask))
         gate, up = self.gate_up(rms_norm(h, self.mlp_norm, s.rms_norm_eps)).chunk(2, dim=-1)  # [B, T, I] each
         return h + self.down(F.silu(gate) * up)
 
@@ -207,6 +216,11 @@ class QwenRollout(nn.Module):
         self.eval()
 
     @property
+    def groups(self) -> int:
+        """G = query heads per KV head."""
+        return self.shape.num_heads // self.shape.num_kv_heads
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
@@ -230,11 +244,11 @@ class QwenRollout(nn.Module):
         if position_ids is None:
             position_ids = (valid.long().cumsum(-1) - 1).clamp_min(0)
         col = torch.arange(T, device=input_ids.device)
-        allowed = self.allowed(valid, col)  # [B, T, T]
+        mask = grouped_mask(self.allowed(valid, col), self.groups)  # [B, 1, G·T, T]
         cos, sin = rope_cos_sin(position_ids, self.inv_freq, self.dtype)
         h = self.embed(input_ids)
         for layer in self.layers:
-            h = layer(h, cos, sin, allowed, None, None)
+            h = layer(h, cos, sin, mask, None, None)
         return SimpleNamespace(logits=self.head(h))
 
     @staticmethod
@@ -264,11 +278,11 @@ class QwenRollout(nn.Module):
     def _cached(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                 key_valid: torch.Tensor) -> torch.Tensor:
         """ids/pos [B, T], slots [T] cache slots, key_valid [B, S] -> final hidden [B, T, d] (caches written)."""
-        allowed = self.allowed(key_valid, slots)  # [B, T, S]
+        mask = grouped_mask(self.allowed(key_valid, slots), self.groups)  # [B, 1, G·T, S]
         cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
         h = self.embed(ids)
         for layer, k, v in zip(self.layers, self.k_cache, self.v_cache, strict=True):
-            h = layer(h, cos, sin, allowed, (k, v), slots)
+            h = layer(h, cos, sin, mask, (k, v), slots)
         return h
 
     @torch.no_grad()
@@ -366,8 +380,9 @@ def sync_qwen_rollout(master: nn.Module, rollout: QwenRollout) -> None:
         p = f"model.layers.{i}"
         layer.attn_norm.copy_(tensor(f"{p}.input_layernorm.weight"))
         layer.mlp_norm.copy_(tensor(f"{p}.post_attention_layernorm.weight"))
-        layer.q_norm.copy_(tensor(f"{p}.self_attn.q_norm.weight"))
-        layer.k_norm.copy_(tensor(f"{p}.self_attn.k_norm.weight"))
+        H = rollout.shape.num_heads
+        layer.qk_norm[:H].copy_(tensor(f"{p}.self_attn.q_norm.weight").expand(H, -1))
+        layer.qk_norm[H:].copy_(tensor(f"{p}.self_attn.k_norm.weight").expand(rollout.shape.num_kv_heads, -1))
         _load_linear(layer.wqkv, torch.cat([weight(f"{p}.self_attn.{x}_proj") for x in "qkv"], dim=0))
         _load_linear(layer.o_proj, weight(f"{p}.self_attn.o_proj"))
         _load_linear(layer.gate_up, torch.cat([weight(f"{p}.mlp.gate_proj"), weight(f"{p}.mlp.up_proj")], dim=0))
