@@ -15,6 +15,9 @@ One step (all on the device, no host read):
   column t: token, log π(token) (0 for finished rows), mask = not finished
   finished |= token ∈ stop ids;  t, pos, slot += 1
 Finished rows keep their slots and keep decoding padding; the host checks "all finished" every `check_every` steps.
+The cache capacity is P + L rounded up to a multiple of 256 (nearby prompt lengths reuse one decoder and its graph);
+in float32/float64 the extra masked slots change nothing measurable, in bf16 SDPA's arithmetic over a longer key axis
+differs from a teacher-forced pass by a few bf16 ulps of the logits (the recorded value is the one sampled from).
 """
 
 from __future__ import annotations
