@@ -89,7 +89,10 @@ def _batch_rows(rows: list[dict], step: int, per_step: int, rank: int, world: in
 
 def _fp8_rollout(master, tc):
     from dllm_ais.fp8.linear import quantize_model
+    from dllm_ais.models import qwen_rollout
 
+    if qwen_rollout.supports(master):  # Qwen3: fused static-cache rollout copy (models/qwen_rollout.py)
+        return qwen_rollout.rollout_copy(master, fp8_backend=tc.fp8_backend)
     return quantize_model(master, backend=tc.fp8_backend)
 
 
@@ -170,7 +173,13 @@ class Trainer:
         return hasattr(self.master, "disable_adapter")
 
     def _make_rollout_model(self):
-        return _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
+        from dllm_ais.models.qwen_rollout import QwenRollout
+
+        rollout = _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
+        if self.fsdp and isinstance(rollout, QwenRollout):
+            raise ValueError("FSDP with FP8 rollouts of a Qwen3 model is not supported (its fused static-cache copy is "
+                             "synced from full weights only); use DDP (distributed_type: MULTI_GPU) with LoRA.")
+        return rollout
 
     def _sync_rollout(self) -> None:
         if self.rollout_model is not self.master:
@@ -180,8 +189,10 @@ class Trainer:
                 sync_weights_sharded(self.master, self.rollout_model)
                 return
             from dllm_ais.fp8.linear import sync_weights  # refills FP8Linear and FP4Linear alike
+            from dllm_ais.models.qwen_rollout import QwenRollout, sync_qwen_rollout
 
-            sync_weights(self.master, self.rollout_model)
+            sync = sync_qwen_rollout if isinstance(self.rollout_model, QwenRollout) else sync_weights
+            sync(self.master, self.rollout_model)
 
     def _train_forward(self):
         """Context of every π_θ / π_old forward of the master: plain, or QaRL's aligned fake-quant forward."""

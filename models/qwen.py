@@ -115,6 +115,8 @@ def random_qwen(config, seed: int = 0, dtype: torch.dtype = torch.float32,
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model = model.to_empty(device=device)
     init_qwen_weights(model, torch.Generator(device=device).manual_seed(seed))
+    if getattr(config, "tie_word_embeddings", False):  # to_empty unties them: the head shares the embedding again
+        model.tie_weights()
     return model.eval()
 
 

@@ -1,5 +1,7 @@
 """Batched autoregressive sampling with a KV cache that records the exact log-prob of every sampled token.
 
+Two engines behind `ar_sample`: the compact rollout model (models/qwen_rollout.py) runs on the static-cache,
+graph-capturable sampler of `samplers/ar_static.py`; any other causal LM runs the loop below.
 One prefill forward over the left-padded prompts, then one single-token forward per new token with a transformers
 `DynamicCache`. Position ids count real tokens only (left padding shifts nothing), and padded key positions are
 masked, so a row's tokens do not depend on how much padding its batch needed.
@@ -76,16 +78,20 @@ def sampling_logprobs(logits: torch.Tensor, config: ARSamplerConfig) -> torch.Te
     return z.log_softmax(-1)
 
 
-def sample_tokens(logp: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from log π [B, V] (float64): argmax when greedy, else Gumbel-max (exact sampling from π)."""
-    if greedy:
-        return logp.argmax(-1)
-    u = torch.rand(logp.shape, generator=generator, device=logp.device, dtype=torch.float64)
+def gumbel_argmax(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max: log π [B, V] and uniforms u [B, V] (float64) -> [B] tokens, an exact draw from π."""
     gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))
     return (logp + gumbel).argmax(-1)  # −inf entries are never chosen
 
 
-def _check_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+def sample_tokens(logp: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from log π [B, V] (float64): argmax when greedy, else Gumbel-max (exact sampling from π)."""
+    if greedy:
+        return logp.argmax(-1)
+    return gumbel_argmax(logp, torch.rand(logp.shape, generator=generator, device=logp.device, dtype=torch.float64))
+
+
+def check_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
     if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
         raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be "
                          "equal [B, P] shapes.")
@@ -110,18 +116,28 @@ def ar_sample(
 ) -> Rollout:
     """Generate up to `config.max_new_tokens` tokens after each left-padded prompt, recording exact log-probs.
 
-    model: a transformers causal LM (or its FP8 copy) callable as model(input_ids, attention_mask, position_ids,
-    past_key_values, use_cache, logits_to_keep) -> .logits. prompt_ids/prompt_mask [B, P]. stop_token_ids: a row is
-    finished after emitting one of them; finished rows are fed `pad_token_id` (default: the first stop token), get
-    completion_mask False and logp 0, and decoding stops once every row has finished (the rest of [B, L] is padding).
+    model: a `dllm_ais.models.qwen_rollout.QwenRollout` (BF16 or FP8 fused copy) goes to the static-cache sampler
+    (`samplers/ar_static.py`: same contract, same tokens and log-probs for the same logits and generator); anything
+    else is a transformers causal LM (or its quantize_model FP8 copy) callable as model(input_ids, attention_mask,
+    position_ids, past_key_values, use_cache, logits_to_keep) -> .logits. prompt_ids/prompt_mask [B, P].
+    stop_token_ids: a row is finished after emitting one of them; finished rows are fed `pad_token_id` (default: the
+    first stop token), get completion_mask False and logp 0, and decoding stops once every row has finished (the rest
+    of [B, L] is padding).
     generator: explicit RNG for the sampling noise (on the model's device); the global RNG is never touched when one
     is given (None at T > 0 falls back to torch's global RNG, as torch.rand does).
     Returns a Rollout with completion_ids/completion_mask/commit_step/logp_rollout [B, L = max_new_tokens] and
     num_steps = forward passes made (= tokens decoded per row, prefill included).
     """
+    from dllm_ais.models.qwen_rollout import QwenRollout
+
+    if isinstance(model, QwenRollout):
+        from .ar_static import static_ar_sample
+
+        return static_ar_sample(model, prompt_ids, prompt_mask, config, stop_token_ids, generator=generator,
+                                progress=progress, pad_token_id=pad_token_id)
     from transformers import DynamicCache
 
-    _check_prompts(prompt_ids, prompt_mask)
+    check_prompts(prompt_ids, prompt_mask)
     stops = list(stop_token_ids)
     if not stops:
         raise ValueError("stop_token_ids is empty: pass at least the EOS id.")
