@@ -85,7 +85,7 @@ class CorrectionConfig:
     never changed."""
     log_w_clamp: float = 20.0
     """Log-weights are clamped to [-log_w_clamp, log_w_clamp] before exponentiation (w <= e^20 stays finite)."""
-    ais_tau: float = 0.01
+    ais_tau: float = 0.05
     """τ of the divergence severity s = 1 - exp(-D / τ), D = mean per-token |log w|. PROVISIONAL (no measurement
     yet): s = 0.63 at a 1% mean per-token probability mismatch. See docs/ais.md for what would justify a change."""
     ais_ema: float = 0.0
