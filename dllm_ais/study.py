@@ -196,17 +196,20 @@ def run_arm(cfg: StudyConfig, work: Path, arm: Arm, seed: int) -> dict:
     t0 = time.perf_counter()
     trainer = run_training(preset, run, progress=False)
     wall = time.perf_counter() - t0
-    with torch.no_grad():
-        scores = evaluate(trainer.master, trainer.policy.tokenizer, preset.train.task, eval_sampler(preset),
-                          limit=cfg.eval_limit, batch_size=cfg.eval_batch_size, seed=0,
-                          task_config=preset.train.task_config, family=preset.model.family)
+    sampler = eval_sampler(preset)
+    with torch.no_grad():  # greedy accuracy of the final BF16 model on the held-out split and on the train split
+        scores = {split: evaluate(trainer.master, trainer.policy.tokenizer, preset.train.task, sampler, split=split,
+                                  limit=cfg.eval_limit, batch_size=cfg.eval_batch_size, seed=0,
+                                  task_config=preset.train.task_config, family=preset.model.family)
+                  for split in ("test", "train")}
     rows = sorted(M.read_metrics(run), key=lambda r: r[M.STEP])
     first, final = quarter_means([_num(r.get(M.REWARD_MEAN)) for r in rows])
     lam = [_num(r.get(M.AIS_LAMBDA)) for r in rows]
     result = {
         "arm": arm.name, "seed": seed, "rollout_precision": arm.rollout_precision, "correction": arm.correction,
         "steps": len(rows), "first_reward": first, "final_reward": final,
-        "heldout_acc": scores["accuracy"], "heldout_n": scores["n"], "wall_s": wall,
+        "heldout_acc": scores["test"]["accuracy"], "heldout_n": scores["test"]["n"],
+        "train_greedy_acc": scores["train"]["accuracy"], "train_greedy_n": scores["train"]["n"], "wall_s": wall,
         "lambda_mean": _mean(lam), "lambda_std": _std(lam),
         **{f"{k}_mean": _mean([_num(r.get(k)) for r in rows]) for k in TRAJECTORY_KEYS[2:]},
         "trajectory": {k: [_num(r.get(k)) for r in rows] for k in TRAJECTORY_KEYS},
@@ -258,7 +261,8 @@ def run_study(cfg: StudyConfig, work: Path, arms: Sequence[Arm], workers: int = 
 
 def _line(r: dict) -> str:
     return (f"{r['arm']:>10} seed {r['seed']}: reward {r['first_reward']:.3f} -> {r['final_reward']:.3f}, "
-            f"held-out {r['heldout_acc']:.3f}, λ {r['lambda_mean']:.3f}, D {r[M.AIS_DIVERGENCE + '_mean']:.4f}, "
+            f"held-out {r['heldout_acc']:.3f}, greedy train {r['train_greedy_acc']:.3f}, "
+            f"λ {r['lambda_mean']:.3f}, D {r[M.AIS_DIVERGENCE + '_mean']:.4f}, "
             f"{r['wall_s']:.0f} s")
 
 
@@ -342,6 +346,7 @@ def summarize(results: Sequence[dict], arms: Sequence[Arm]) -> dict[str, dict]:
         col = lambda key, runs=runs: {s: r[key] for s, r in runs.items()}  # noqa: E731
         fr_m, fr_ci = mean_ci95(col("final_reward").values())
         acc_m, acc_ci = mean_ci95(col("heldout_acc").values())
+        tr_m, tr_ci = mean_ci95(col("train_greedy_acc").values())
         entry = {
             "rollout_precision": arm.rollout_precision, "correction": arm.correction,
             "seeds": len(runs), "seed_list": sorted(runs),
@@ -349,6 +354,7 @@ def summarize(results: Sequence[dict], arms: Sequence[Arm]) -> dict[str, dict]:
             "final_reward_mean": fr_m, "final_reward_ci95": fr_ci,
             "heldout_acc_mean": acc_m, "heldout_acc_ci95": acc_ci,
             "heldout_n": min(r["heldout_n"] for r in runs.values()),
+            "train_greedy_acc_mean": tr_m, "train_greedy_acc_ci95": tr_ci,
             "lambda_mean": _mean(col("lambda_mean").values()),
             "lambda_std_over_steps": _mean(col("lambda_std").values()),
             "divergence_mean": _mean(col(M.AIS_DIVERGENCE + "_mean").values()),
@@ -364,6 +370,7 @@ def summarize(results: Sequence[dict], arms: Sequence[Arm]) -> dict[str, dict]:
                 ref_col = lambda key, ref=ref: {s: r[key] for s, r in ref.items()}  # noqa: E731
                 entry[f"final_reward_{label}"] = paired(col("final_reward"), ref_col("final_reward"))
                 entry[f"heldout_acc_{label}"] = paired(col("heldout_acc"), ref_col("heldout_acc"))
+                entry[f"train_greedy_acc_{label}"] = paired(col("train_greedy_acc"), ref_col("train_greedy_acc"))
         out[arm.name] = entry
     return out
 
@@ -376,6 +383,53 @@ def lambda_for_tau(trajectory: dict[str, list[float]], tau: float) -> list[float
     """
     d, r, g = (trajectory[k] for k in (M.AIS_DIVERGENCE, M.AIS_ESS, "ais/damping"))
     return [min(1.0, max(0.0, -math.expm1(-di / tau) * ri * gi)) for di, ri, gi in zip(d, r, g, strict=True)]
+
+
+TAU_GRID = (0.01, 0.02, 0.05, 0.1, 0.2)
+"""τ values whose λ trajectories `tau_scan` recomputes from the logged diagnostics."""
+
+
+def _quantile(vals: list[float], q: float) -> float:
+    """Linear-interpolation quantile of finite values (NaN when empty)."""
+    vals = sorted(_finite(vals))
+    if not vals:
+        return math.nan
+    pos = q * (len(vals) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+def tau_scan(results: Sequence[dict], taus: Sequence[float] = TAU_GRID) -> dict[str, dict]:
+    """Per arm: D over all steps of all seeds (mean, quartiles, first vs last quarter of the run) and, for each τ,
+    the mean and the std over steps of the λ the product combiner would give (`lambda_for_tau`)."""
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(r["arm"] for r in results):
+        runs = [r for r in results if r["arm"] == name]
+        d_all = [d for r in runs for d in r["trajectory"][M.AIS_DIVERGENCE]]
+        firsts, lasts = zip(*(quarter_means(r["trajectory"][M.AIS_DIVERGENCE]) for r in runs), strict=True)
+        entry = {"D_mean": _mean(d_all), "D_q25": _quantile(d_all, 0.25), "D_q50": _quantile(d_all, 0.5),
+                 "D_q75": _quantile(d_all, 0.75), "D_first_quarter": _mean(firsts), "D_final_quarter": _mean(lasts),
+                 "lambda": {}}
+        for tau in taus:
+            lams = [lambda_for_tau(r["trajectory"], tau) for r in runs]
+            entry["lambda"][str(tau)] = {"mean": _mean([x for lam in lams for x in lam]),
+                                         "std_over_steps": _mean([_std(lam) for lam in lams])}
+        out[name] = entry
+    return out
+
+
+def tau_table(scan: dict[str, dict]) -> str:
+    """Markdown: D statistics per arm and the mean λ (std over steps) each τ would give."""
+    taus = list(next(iter(scan.values()))["lambda"]) if scan else []
+    head = ["arm", "D mean", "D quartiles", "D first → final quarter"] + [f"λ at τ={t}" for t in taus]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, e in scan.items():
+        cells = [name, _fmt(e["D_mean"], 4), f"{_fmt(e['D_q25'], 4)} / {_fmt(e['D_q50'], 4)} / {_fmt(e['D_q75'], 4)}",
+                 f"{_fmt(e['D_first_quarter'], 4)} → {_fmt(e['D_final_quarter'], 4)}"]
+        cells += [f"{_fmt(e['lambda'][t]['mean'], 2)} ({_fmt(e['lambda'][t]['std_over_steps'], 2)})" for t in taus]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------------- report
@@ -398,15 +452,16 @@ def _diff(entry: dict, key: str) -> str:
 
 def table(summary: dict[str, dict]) -> str:
     """Markdown table: one row per arm (means with 95 % t-intervals across seeds, paired differences)."""
-    head = ["arm", "seeds", "final-quarter reward", "held-out acc", "Δ reward vs BF16", "Δ reward vs uncorrected",
-            "Δ acc vs BF16", "Δ acc vs uncorrected", "λ mean (std over steps)", "D mean", "ESS mean", "V mean",
-            "wall s"]
+    head = ["arm", "seeds", "final-quarter reward", "Δ reward vs BF16", "Δ reward vs uncorrected",
+            "held-out acc", "greedy acc, train problems", "Δ greedy vs BF16", "Δ greedy vs uncorrected",
+            "λ mean (std over steps)", "D mean", "ESS mean", "V mean", "wall s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, e in summary.items():
         cells = [name, str(e["seeds"]), _ci(e["final_reward_mean"], e["final_reward_ci95"]),
-                 _ci(e["heldout_acc_mean"], e["heldout_acc_ci95"]),
                  _diff(e, "final_reward_vs_bf16"), _diff(e, "final_reward_vs_uncorrected"),
-                 _diff(e, "heldout_acc_vs_bf16"), _diff(e, "heldout_acc_vs_uncorrected"),
+                 _ci(e["heldout_acc_mean"], e["heldout_acc_ci95"]),
+                 _ci(e["train_greedy_acc_mean"], e["train_greedy_acc_ci95"]),
+                 _diff(e, "train_greedy_acc_vs_bf16"), _diff(e, "train_greedy_acc_vs_uncorrected"),
                  f"{_fmt(e['lambda_mean'])} ({_fmt(e['lambda_std_over_steps'])})", _fmt(e["divergence_mean"], 4),
                  _fmt(e["ess_mean"], 4), _fmt(e["var_amp_mean"], 3), _fmt(e["wall_s_mean"], 0)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -466,7 +521,8 @@ def write_report(out: Path, cfg: StudyConfig, results: Sequence[dict], arms: Seq
     present = [a for a in arms if any(r["arm"] == a.name for r in results)]
     summary = summarize(results, present)
     p = study_preset(cfg, cfg.seeds[0])
-    doc = {**meta, "study_config": asdict(cfg), "preset": p.to_dict(),
+    scan = tau_scan(results) if results else {}
+    doc = {**meta, "study_config": asdict(cfg), "preset": p.to_dict(), "tau_scan": scan,
            "arms": {name: {**entry, "arm": asdict(next(a for a in present if a.name == name))}
                     for name, entry in summary.items()}}
     atomic_write_text(out / "summary.json", json.dumps(doc, indent=1, default=str))
@@ -488,7 +544,9 @@ Settings (study-specific, smaller than the default run): preset `{cfg.preset}` (
 {g.num_generations}, L = {s.gen_length}, {s.steps} denoising steps, T = {s.temperature}, lr {tc.learning_rate},
 loss `{g.loss_type}`, {g.num_iterations} updates per step; ℓ from the coupled ELBO with K = {tc.mismatch_num_draws};
 C = {c.is_cap}, τ = {c.ais_tau}, EMA {c.ais_ema}, combiner `{c.ais_combiner}`. Held-out accuracy: greedy decoding
-of the final BF16 model on {'the whole test split' if cfg.eval_limit is None else f'{cfg.eval_limit} test items'}.
+of the final BF16 model on {'the whole test split' if cfg.eval_limit is None else f'{cfg.eval_limit} test items'};
+greedy accuracy on the train problems: the same on {'the whole train split' if cfg.eval_limit is None else
+f'{cfg.eval_limit} train items'} (what the BF16 model learned, without the rollout policy's sampling noise).
 
 {table(summary)}
 
@@ -500,6 +558,15 @@ over the steps of a run, averaged over seeds. Wall time is the GRPO phase of one
 thread each, on a machine shared with other jobs); FP8/FP4 on CPU are emulations and slower than BF16 here.
 
 ![trajectories](trajectories.png)
+
+## τ scan (recomputed from the logged diagnostics, no extra runs)
+
+D is the mean per-token |ℓ| of a batch (`ais/divergence`); the λ columns give the mean (and std over steps) of
+λ = clip((1 − exp(−D/τ)) · R · g, 0, 1) from each step's logged D, R and g, i.e. what AIS would have applied at that
+τ on these trajectories (the trajectories themselves were produced with τ = {c.ais_tau}; for arms other than ais
+λ does not feed back into training, so the recomputation is exact for them).
+
+{tau_table(scan)}
 """
     atomic_write_text(out / "README.md", text)
     return summary
