@@ -512,7 +512,13 @@ def plot_trajectories(results: Sequence[dict], arms: Sequence[Arm], path: Path,
     for ax in axes[len(keys):]:
         ax.set_visible(False)
     axes[0].legend(fontsize=7)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=80)
+
+
+def _rounded(result: dict, digits: int = 5) -> dict:
+    """The result with its per-step trajectories rounded (runs.jsonl stays small; summaries use full precision)."""
+    traj = {k: [round(v, digits) if math.isfinite(v) else v for v in vals] for k, vals in result["trajectory"].items()}
+    return {**result, "trajectory": traj}
 
 
 def write_report(out: Path, cfg: StudyConfig, results: Sequence[dict], arms: Sequence[Arm], meta: dict) -> dict:
@@ -526,7 +532,7 @@ def write_report(out: Path, cfg: StudyConfig, results: Sequence[dict], arms: Seq
            "arms": {name: {**entry, "arm": asdict(next(a for a in present if a.name == name))}
                     for name, entry in summary.items()}}
     atomic_write_text(out / "summary.json", json.dumps(doc, indent=1, default=str))
-    atomic_write_text(out / "runs.jsonl", "".join(json.dumps(r) + "\n" for r in results))
+    atomic_write_text(out / "runs.jsonl", "".join(json.dumps(_rounded(r)) + "\n" for r in results))
     if results:
         plot_trajectories(results, present, out / "trajectories.png")
     tc, g, s, c = p.train, p.grpo, p.sampler, p.correction
