@@ -106,6 +106,8 @@ class StudyConfig:
     """K of the coupled ELBO (None = the preset's)."""
     learning_rate: float | None = 5e-4
     """GRPO learning rate (None = the preset's)."""
+    beta: float | None = 0.0
+    """KL coefficient to the SFT model (None = the preset's). 0: the study ran before tiny-cpu got beta 0.04."""
     sft_batch_size: int | None = None
     """SFT batch size (None = the preset's)."""
     ais_tau: float | None = None
@@ -139,7 +141,7 @@ def study_preset(cfg: StudyConfig, seed: int, arm: Arm | None = None):
     if arm is not None:
         train.update(rollout_precision=arm.rollout_precision, **arm.train)
         corr.update(correction=arm.correction, **arm.corr)
-    grpo = {} if cfg.num_generations is None else {"num_generations": cfg.num_generations}
+    grpo = {k: v for k, v in dict(num_generations=cfg.num_generations, beta=cfg.beta).items() if v is not None}
     return replace(p, model=replace(p.model, seed=seed), train=replace(p.train, seed=seed, **train),
                    grpo=replace(p.grpo, **grpo), correction=replace(p.correction, **corr))
 
@@ -548,7 +550,8 @@ Settings (study-specific, smaller than the default run): preset `{cfg.preset}` (
 {json.dumps(tc.task_config)}), seeds {list(cfg.seeds)}; per seed one SFT warm-up ({tc.sft_steps} steps, batch
 {tc.sft_batch_size}) shared by all arms; then {tc.steps} GRPO steps × {tc.prompts_per_step} prompts × G =
 {g.num_generations}, L = {s.gen_length}, {s.steps} denoising steps, T = {s.temperature}, lr {tc.learning_rate},
-loss `{g.loss_type}`, {g.num_iterations} updates per step; ℓ from the coupled ELBO with K = {tc.mismatch_num_draws};
+loss `{g.loss_type}`, β = {g.beta}, {g.num_iterations} updates per step; ℓ from the coupled ELBO with
+K = {tc.mismatch_num_draws};
 C = {c.is_cap}, τ = {c.ais_tau}, EMA {c.ais_ema}, combiner `{c.ais_combiner}`. Held-out accuracy: greedy decoding
 of the final BF16 model on {'the whole test split' if cfg.eval_limit is None else f'{cfg.eval_limit} test items'};
 greedy accuracy on the train problems: the same on {'the whole train split' if cfg.eval_limit is None else
