@@ -60,6 +60,7 @@ ARMS: tuple[Arm, ...] = (
     Arm("fp4-tis", "fp4", "tis", {"fp4_format": "nvfp4"}),
     Arm("fp4-mis", "fp4", "mis", {"fp4_format": "nvfp4"}),
     Arm("fp4-ais", "fp4", "ais", {"fp4_format": "nvfp4"}),
+    Arm("fp4-ais-tau0.2", "fp4", "ais", {"fp4_format": "nvfp4"}, {"ais_tau": 0.2}),  # variant: smaller λ (~0.3)
 )
 """Every arm this study knows; `available_arms` drops those the installed package cannot run."""
 

@@ -95,7 +95,8 @@ def test_summarize_pairs_against_bf16_and_the_uncorrected_arm():
     for seed in range(3):
         for arm, reward in (("bf16", 0.5), ("fp8-none", 0.4), ("fp8-ais", 0.45)):
             rows.append({"arm": arm, "seed": seed, "final_reward": reward + 0.01 * seed, "first_reward": 0.1,
-                         "heldout_acc": reward, "heldout_n": 100, "lambda_mean": 0.2, "lambda_std": 0.1,
+                         "heldout_acc": reward, "heldout_n": 100, "train_greedy_acc": reward, "lambda_mean": 0.2,
+                         "lambda_std": 0.1,
                          "wall_s": 1.0, "steps": 4, **{f"{k}_mean": 0.0 for k in study.TRAJECTORY_KEYS[2:]}})
     s = study.summarize(rows, arms)
     assert "final_reward_vs_bf16" not in s["bf16"] and "final_reward_vs_uncorrected" not in s["fp8-none"]
