@@ -155,9 +155,10 @@ class CorrectionConfig:
     activations with the rollout copy's blockwise FP8 recipe, straight-through gradients to the BF16 master."""
     log_w_clamp: float = 20.0
     """Log-weights are clamped to [-log_w_clamp, log_w_clamp] before exponentiation (w <= e^20 stays finite)."""
-    ais_tau: float = 0.01
-    """τ of the divergence severity s = 1 - exp(-D / τ), D = mean per-token |log w|. PROVISIONAL (no measurement
-    yet): s = 0.63 at a 1% mean per-token probability mismatch. See docs/ais.md for what would justify a change."""
+    ais_tau: float = 0.05
+    """τ of the divergence severity s = 1 − exp(−D / τ), D = mean per-token |log w| (sequence level). Calibrated on
+    the tiny testbed (docs/ais.md §5): e4m3 rollouts give D ≈ 0.01 early in RL (s ≈ 0.18) rising to ≈ 0.05 as the
+    policy concentrates, FP4 rollouts D ≈ 0.05 (s ≈ 0.63). Token-level D is larger: choose τ per level."""
     ais_ema: float = 0.0
     """β of the EMA of λ across steps: λ_t = β λ_{t-1} + (1 - β) λ_batch. 0 = no smoothing (per-batch λ)."""
     ais_combiner: str = "product"
