@@ -109,3 +109,24 @@ def test_cli_flags_reach_the_configs():
         ("mis", "token", "aligned")
     default = _train_preset(build_parser().parse_args(["train"]))
     assert default.correction == get_preset("tiny-cpu").correction and default.grpo == get_preset("tiny-cpu").grpo
+
+
+def test_diffusion_token_mismatch_is_the_one_step_estimator_difference():
+    from dllm_ais.fp8.linear import quantize_model
+    from dllm_ais.models.load import encode_prompts
+    from dllm_ais.train_job import family
+
+    p = get_preset("tiny-cpu")
+    fam = family(p.model.family)
+    model, tok = fam.load(p.model)
+    backend = fam.backend(p.sampler, model, tok)
+    fp8 = quantize_model(model, backend="torch")
+    ids, mask = encode_prompts(tok, ["12+7=", "3+45="], chat=True, device="cpu")
+    rollout = backend.sample(fp8, ids, mask, torch.Generator().manual_seed(0))
+    log_w = backend.mismatch_log_w(model, fp8, rollout, torch.Generator().manual_seed(5), "token")
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(5)))
+    expected = backend.token_logp(model, rollout, seed) - backend.rollout_token_logp(fp8, rollout, seed)
+    torch.testing.assert_close(log_w, torch.where(rollout.completion_mask, expected, 0.0))
+    assert log_w.abs().max() > 0
+    same = backend.mismatch_log_w(fp8, fp8, rollout, torch.Generator(), "geometric")
+    assert torch.equal(same, torch.zeros_like(log_w))
