@@ -205,8 +205,11 @@ def test_gradient_accumulation_keeps_masks_shared_and_the_loss_scaled(tmp_path, 
             assert all(k in r for r in rows for k in (M.LOSS_CLIP_LOW, M.LOSS_CLIP_HIGH)), "every key of the loss"
             weights.append(_final_weights(out))
             logged.append([r[M.LOSS_POLICY] for r in rows])
-        # the logged loss is the optimised one: micro-batches weighted like the loss (not a plain mean of them)
-        assert any(abs(v) > 1e-4 for v in logged[0])
+        # the logged loss is the optimised one: micro-batches weighted like the loss (not a plain mean of them).
+        # dapo's token mean is far from 0 (lengths differ); grpo's first-iteration loss is −mean(Â ω) ≈ 0 (Σ Â = 0
+        # per group, ω ≈ 1), so there only the equality below can be checked.
+        if loss_type == "dapo":
+            assert any(abs(v) > 1e-4 for v in logged[0])
         for whole, micro in zip(*logged, strict=True):
             assert math.isclose(whole, micro, rel_tol=1e-5, abs_tol=1e-7), (loss_type, logged)
         start = load_file(str(out / "sft" / "model.safetensors"))
