@@ -120,7 +120,7 @@ def test_block_linears_are_fp8_head_and_embeddings_stay(pair):
     assert not any(isinstance(m, FP8Linear) for m in model.modules())  # the master is untouched
     t = model.model.transformer
     pairs = [(fp8.wte.weight, t.wte.weight), (fp8.ln_f.weight, t.ln_f.weight), (fp8.lm_head.weight, t.ff_out.weight)]
-    for block, master_block in zip(fp8.blocks, t.blocks):
+    for block, master_block in zip(fp8.blocks, t.blocks, strict=True):
         pairs += [(block.attn_norm.weight, master_block.attn_norm.weight),
                   (block.ff_norm.weight, master_block.ff_norm.weight)]
     for copied, source in pairs:
