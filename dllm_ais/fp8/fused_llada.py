@@ -22,6 +22,11 @@ Weights: `build_fused_llada(master, backend)` and `sync_fused_llada(master, roll
 peft-wrapped LLaDAModelLM, LoRA merged on the fly as linear.effective_weight does) keeps the official names, the copy
 writes each master tensor into its row slice of the fused buffer in place (no reallocation, data_ptr unchanged).
 Embeddings, norms and the LM head stay in the master's dtype.
+
+Numerics: with the torch backend the fused copy computes what the unfused FP8 copy computes (same ops on the same
+codes; only the fp32 GEMM over the wider fused weight may sum in another order). The Triton GEMM returns bf16, so an
+fp32 master's fused copy on triton rounds GEMM outputs to bf16 where the unfused copy kept fp32 (fp32 masters are a CPU
+test setting; LLaDA-8B runs in bf16, where the two agree).
 """
 
 from __future__ import annotations

@@ -17,6 +17,15 @@ Backends (one interface, chosen once by name from BACKENDS; FP8Linear is inferen
   "torchao"   torchao's blockwise_fp8_gemm (the DeepSeek-V3 Triton kernel, same 1×128 / 128×128 layout as ours, our
               Triton activation quantisation). CUDA with compute capability ≥ 8.9 only.
 
+Each backend is `forward` = quantise x + `gemm`, where `gemm(xq, xs, layer)` takes activations that a producer
+kernel already quantised (FP8Linear.forward_quantized; the fused LLaDA rollout copy in fused_llada.py calls it after
+RMSNorm→quant, SiLU·up→quant and attention-output→quant); scaled_mm's row-wise scheme has no gemm (None), so a model
+on it quantises bf16 producer outputs itself. The Triton paths go through the torch.library ops of ops.py, so
+torch.compile traces them without a graph break.
+
+quantize_model on an LLaDAModelLM (plain or peft-wrapped) returns that fused copy; every other model (Qwen, toy
+modules) gets the per-Linear copy described here, and sync_weights handles both.
+
 Layer shapes: in_features and out_features must be multiples of 16 for every backend (torch._scaled_mm's requirement,
 and 16-byte-aligned fp8 rows for the GEMMs), so the set of quantisable layers does not depend on the backend. Ragged
 multiples of 16 (not of 128) are fine: the 128-blocks use masked tails (see quant.py).
