@@ -147,20 +147,25 @@ def _compile_reason() -> str | None:
 
 
 @pytest.mark.skipif(_compile_reason() is not None, reason=str(_compile_reason()))
-@pytest.mark.parametrize("backend", ["torch", None], ids=["fp8-torch", "bf16"])
+@pytest.mark.parametrize("backend", ["torch", None, "triton"], ids=["fp8-torch", "bf16", "fp8-triton"])
 def test_compile_fullgraph_no_graph_breaks(backend):
-    """dynamo traces the whole fused forward as one graph with no break (torch._dynamo.explain), and for FP8
-    torch.compile(fullgraph=True) (which raises on any break) runs it through inductor to the eager result."""
+    """dynamo traces the whole fused forward as one graph with no break (torch._dynamo.explain), and for FP8-torch
+    torch.compile(fullgraph=True) (which raises on any break) runs it through inductor to the eager result.
+    fp8-triton: the producer ops and the GEMM as torch.library ops (on CPU the interpreter's custom_op registration,
+    producer_kernels._register; on a GPU triton_op), traced only (inductor cannot compile interpreter kernels)."""
     import torch._dynamo
 
-    model = tiny_model(seed=4, dtype=torch.bfloat16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if backend is not None and backend not in available_backends(device):
+        pytest.skip(f"backend {backend} cannot run on {device}")
+    model = tiny_model(seed=4, dtype=torch.bfloat16).to(device)
     rollout = build_fused_llada(model, backend)
-    ids, attn = _inputs()
+    ids, attn = (t.to(device) for t in _inputs())
     torch._dynamo.reset()
     explained = torch._dynamo.explain(rollout)(ids, attention_mask=attn, positions=slice(P, None))
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
-    if backend is None:
-        return  # the inductor run below is the slow part (~1 min on a loaded 2-core CPU): once, for FP8, is enough
+    if backend != "torch":
+        return  # the inductor run below is the slow part (~1 min on a loaded 2-core CPU): once is enough
     compiled = torch.compile(rollout, fullgraph=True)
     got = _logp(compiled, ids, attn)
     ref = _logp(rollout, ids, attn)
