@@ -53,13 +53,18 @@ def test_index_positions_equal_slice(fused):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the sampler compiles on CUDA only")
-def test_compiled_rollout_matches_eager_on_cuda():
+def test_compiled_step_matches_eager_on_cuda():
+    """The compiled step's logits vs eager (inductor may skip an intermediate bf16 rounding: bf16-level bound), and a
+    whole compiled rollout completes (every position committed, same shapes as eager)."""
     model = build_fused_llada(tiny_model(seed=2, dtype=torch.bfloat16).cuda(), None)
     ids, mask = _prompts("cuda")
-    outs = []
-    for c in (False, True):
-        cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, temperature=0.0, compile=c)
-        outs.append(diffusion.diffusion_sample(model, ids, mask, cfg, MASK, (EOS,)))
-    # inductor may round a near-tie differently: a small fraction of argmax decisions may flip
-    agree = (outs[0].completion_ids == outs[1].completion_ids).float().mean().item()
-    assert agree >= 0.8 and (outs[1].commit_step >= 0).all()
+    x = torch.cat([ids, torch.full((3, 16), MASK, device="cuda")], dim=1)
+    attn = torch.cat([mask, torch.ones(3, 16, dtype=torch.bool, device="cuda")], dim=1)
+    with torch.no_grad():
+        for lo in (6, 14):  # two blocks: the same compiled graph serves both
+            eager = diffusion._logits(model, x, attn, lo, lo + 8)
+            compiled = diffusion._logits(model, x, attn, lo, lo + 8, compiled=True)
+            torch.testing.assert_close(compiled, eager, atol=3e-2, rtol=3e-2)
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, temperature=1.0, compile=True)
+    out = diffusion.diffusion_sample(model, ids, mask, cfg, MASK, (EOS,), torch.Generator("cuda").manual_seed(0))
+    assert out.completion_ids.shape == (3, 16) and (out.commit_step >= 0).all()
