@@ -69,6 +69,7 @@ def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: i
     if not compiled:
         return model(input_ids=x, attention_mask=attention_mask, positions=slice(lo, hi)).logits.float()
     positions = torch.arange(lo, hi, device=x.device).expand(x.shape[0], -1)  # [B, hi - lo]
+    torch.compiler.cudagraph_mark_step_begin()  # each step is a new CUDA-graph generation (outputs copied out)
     return _compiled_step()(model, x, attention_mask, positions).to(torch.float32, copy=True)
 
 
