@@ -106,6 +106,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
         from dllm_ais.fp4.linear import quantize_model as quantize_model_fp4
 
         model = quantize_model_fp4(model, fmt=args.fp4_format)
+    elif model_cfg.family == "llada":  # the fused BF16 rollout copy (fp8/fused_llada.py): same numbers, fewer kernels
+        from dllm_ais.fp8.fused_llada import build_fused_llada
+
+        model = build_fused_llada(model, None)
     prompts = args.prompt or (TINY_PROMPTS if model_cfg.path is None else ["What is 12 * 7? Think step by step."])
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)

@@ -54,6 +54,9 @@ class SamplerConfig:
     """Which masked positions to commit each step: low_confidence (highest softmax prob first) or random."""
     cfg_scale: float = 0.0
     """Classifier-free guidance scale; 0 disables it (one forward per step instead of two)."""
+    compile: bool = True
+    """On CUDA, run the per-step forward through torch.compile(mode="reduce-overhead"): fused kernels and CUDA graphs
+    (a step's shapes are static across the whole rollout). Ignored on CPU. False = eager (no compile time)."""
 
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:

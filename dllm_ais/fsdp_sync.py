@@ -65,6 +65,11 @@ def sync_weights_sharded(master: nn.Module, rollout: nn.Module) -> None:
     Every other rollout tensor (embeddings, norms, LM head): the master tensor of the same canonical name, gathered
     one tensor at a time.
     """
+    from dllm_ais.fp8.fused_llada import FusedLLaDA, sync_fused_llada
+
+    if isinstance(rollout, FusedLLaDA):  # the fused LLaDA copy: each master tensor into its slice, gathered one by one
+        sync_fused_llada(master, rollout, gather=gathered, full=full_tensor)
+        return
     master_peft, rollout_peft = _is_peft_root(master), _is_peft_root(rollout)
     master_layers = {canonical_name(n, master_peft): m for n, m in _linear_layers(master).items()}
     done: list[str] = []

@@ -15,6 +15,7 @@ the reference: excluding the mask only from the proposal keeps near-ties ordered
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -60,9 +61,27 @@ def completion_mask_from_stops(completion: torch.Tensor, stop_token_ids: Sequenc
     return stops_before == 0
 
 
-def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """Logits [B, hi - lo, V] (float32) of canvas positions lo:hi."""
-    return model(input_ids=x, attention_mask=attention_mask, positions=slice(lo, hi)).logits.float()
+def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: int, compiled: bool = False
+            ) -> torch.Tensor:
+    """Logits [B, hi - lo, V] (float32) of canvas positions lo:hi.
+
+    compiled: through the one compiled step function, with the positions as an index tensor so every block reuses
+    the same graph (and CUDA graph); the output is copied out of the graph's memory before the next replay."""
+    if not compiled:
+        return model(input_ids=x, attention_mask=attention_mask, positions=slice(lo, hi)).logits.float()
+    positions = torch.arange(lo, hi, device=x.device).expand(x.shape[0], -1)  # [B, hi - lo]
+    torch.compiler.cudagraph_mark_step_begin()  # each step is a new CUDA-graph generation (outputs copied out)
+    return _compiled_step()(model, x, attention_mask, positions).to(torch.float32, copy=True)
+
+
+def _step(model, x: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=x, attention_mask=attention_mask, positions=positions).logits
+
+
+@functools.cache
+def _compiled_step():
+    """torch.compile of _step (the model is an argument, so one cache serves every model, guarded per model)."""
+    return torch.compile(_step, mode="reduce-overhead", dynamic=False)
 
 
 @torch.no_grad()
@@ -91,6 +110,7 @@ def diffusion_sample(
     attn = torch.cat([prompt_mask, torch.ones(B, L, dtype=torch.bool, device=device)], dim=1)  # [B, P + L]
     commit_step = torch.full((B, L), -1, dtype=torch.long, device=device)
     steps_per_block = config.steps // config.num_blocks
+    compiled = config.compile and device.type == "cuda"
     bar = progress_bar(total=config.steps, enabled=progress, desc="denoising", unit="step", leave=False)
     step = 0
     for b in range(config.num_blocks):
@@ -99,11 +119,11 @@ def diffusion_sample(
         for i in range(steps_per_block):
             # Only the current block can be committed, so only its logits are computed (LM head cost / num_blocks).
             masked = x[:, P + lo:P + hi] == mask_token_id  # [B, Lb]
-            logits = _logits(model, x, attn, P + lo, P + hi)  # [B, Lb, V]
+            logits = _logits(model, x, attn, P + lo, P + hi, compiled)  # [B, Lb, V]
             if config.cfg_scale > 0:
                 uncond = x.clone()
                 uncond[:, :P][prompt_mask] = mask_token_id
-                un_logits = _logits(model, uncond, attn, P + lo, P + hi)
+                un_logits = _logits(model, uncond, attn, P + lo, P + hi, compiled)
                 logits = un_logits + (config.cfg_scale + 1) * (logits - un_logits)
             if config.remasking == "low_confidence":  # confidence from the full softmax, mask token included
                 probs = torch.softmax(logits.to(torch.float64), dim=-1)  # [B, Lb, V]

@@ -1,41 +1,54 @@
-"""Benchmark masked-diffusion rollouts (samplers/diffusion.py): tokens/s and peak memory, BF16 vs FP8 linears.
+"""Benchmark masked-diffusion rollouts (samplers/diffusion.py): tokens/s and peak memory, BF16 against FP8.
 
-  python scripts/bench_rollout.py            # GPU: LLaDA-8B shape, random bf16 weights, batch 8/32 × gen 128/256
-  python scripts/bench_rollout.py --smoke    # CPU, tiny shape, seconds (FP8 via the torch reference backend)
+  python scripts/bench_rollout.py --json out.json   # GPU: LLaDA-8B shape, random bf16 weights, batch 8/32 × gen 128/256
+  python scripts/bench_rollout.py --smoke           # CPU, tiny shape, seconds (FP8 via the torch reference backend)
 
 The model is our LLaDAModelLM with LLaDA-8B's shape (d_model 4096, 32 layers, 32 heads, SwiGLU 12288, vocab 126464)
 and random weights (no download): built on the meta device, materialised on the GPU in bf16, every weight drawn from
 an explicit generator. The rollout is `diffusion_sample` exactly as the trainer calls it: random prompts of
 --prompt-len tokens (never the mask id; an all-ones prompt mask, so attention runs with a padding mask as in training),
 gen_length ∈ --gen-length, blocks of --block-length, steps = gen_length / 2 (two tokens committed per forward),
-low-confidence remasking at --temperature. Per (precision, backend, batch, gen_length):
-  total_s          wall time of one diffusion_sample call (cuda-synchronised before and after), median of --repeats;
-                   a warm-up call with the same shapes (one step per block) runs first and is not timed
-  tokens_per_s     batch · gen_length / total_s;  step_ms  total_s / steps (one full forward + sampling per step)
-  peak_mem_gib     torch.cuda.max_memory_allocated during the timed calls, with only the measured model on the GPU
-                   (the BF16 master waits on the CPU while its FP8 copy is measured); model_gib  allocated before them
-  speedup_vs_bf16, peak_mem_ratio_vs_bf16   (FP8 rows) against the BF16 row of the same shape from the same run
-FP8 = `quantize_model(master, backend=...)` for each --backends entry (quantize_s: its wall time). A backend that cannot
-run here is written as status "skipped" with the reason, a measurement that fails (e.g. out of memory) as "failed"
-with the error. Without CUDA and without --smoke every measurement is written as skipped: nothing is estimated.
-The "torch" backend is the dequantising fp32 reference (correctness, not speed): on LLaDA-8B shapes it is far slower
-than BF16; drop it with --backends for a quick run, or split a long run with --batch / --gen-length.
-One JSON line per measurement is appended to --out.
+low-confidence remasking at --temperature.
+
+Rows, one per (variant, batch, gen_length), all from one run:
+  bf16 master  eager      BF16-eager: the master LLaDAModelLM itself (what the trainer's bf16 rollouts sample from)
+  bf16 master  compiled   the master through the sampler's compiled step (SamplerConfig.compile: torch.compile
+                          mode="reduce-overhead", CUDA graphs)
+  bf16 fused   eager / compiled   the fused BF16 rollout copy (fp8/fused_llada.py, backend None)
+  fp8 <backend> eager / compiled  the fused FP8 rollout copy, quantize_model(master, backend), per --backends
+BF16-best = the fastest BF16 row of a shape (master compiled, fused eager or compiled, or the eager master itself).
+Per row: total_s (wall time of one diffusion_sample call, cuda-synchronised, median of --repeats, after a warm-up call
+with the same shapes — one step per block — whose time is warmup_s and includes compilation), tokens_per_s,
+step_ms, build_s (quantize_model / fused copy), peak_mem_gib and model_gib (CUDA: only the measured model resident; the
+master waits on the CPU while a copy is measured), and speedup_vs_bf16_eager, speedup_vs_bf16_best,
+peak_mem_ratio_vs_bf16_eager against the BF16 rows of the same shape. Compiled rows need CUDA (the sampler ignores the
+option on CPU: skipped there); a backend that cannot run here is "skipped" with the reason, a measurement that fails
+(e.g. out of memory) "failed" with the error. Without CUDA and without --smoke every row is skipped: nothing is
+estimated.
+--out appends one JSON line per row; --json writes one object {device, torch, triton, git_sha, rows,
+rollout_fp8_vs_bf16_best, rollout_fp8_vs_bf16_eager, rollout_fp8_peak_mem_ratio} (floats or null), where fp8 = the
+fastest FP8 row and the shape is the largest measured (batch 32, gen 256 by default); the memory ratio is that FP8
+row's peak over BF16-eager's.
+The "torch" backend is the dequantising fp32 reference (correctness, not speed): it is not in the GPU default.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from dllm_ais import bench_env
+from dllm_ais.atomic import atomic_write_text
 from dllm_ais.config import SamplerConfig
+from dllm_ais.fp8 import BACKENDS
 from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, RMSNorm
 from dllm_ais.samplers.diffusion import diffusion_sample
 
@@ -49,7 +62,7 @@ SHAPES = {  # LLaDA-8B (DESIGN.md §6) and a tiny stand-in for --smoke (ids as m
 }
 DEFAULTS = {  # batch sizes, gen lengths, block length, prompt length, FP8 backends, timed repeats
     "full": dict(batch=[8, 32], gen_length=[128, 256], block_length=32, prompt_len=64,
-                 backends=["triton", "scaled_mm", "torchao", "torch"], repeats=1),
+                 backends=[name for name in BACKENDS if name != "torch"], repeats=1),
     # triton on CPU needs the (slow) interpreter, so the smoke run leaves it out unless asked for with --backends
     "smoke": dict(batch=[2], gen_length=[16], block_length=8, prompt_len=8, backends=["torch", "scaled_mm", "torchao"],
                   repeats=1),
@@ -94,74 +107,166 @@ def _timed_rollout(model, ids, mask, cfg: SamplerConfig, generator: torch.Genera
     return seconds
 
 
-def measure(model, batch: int, gen_length: int, args, device: torch.device) -> dict:
+def measure(model, batch: int, gen_length: int, compiled: bool, args, device: torch.device) -> dict:
     """Timings and memory of diffusion_sample for one (batch, gen_length) (see the module docstring)."""
     config = model.config
     cfg = SamplerConfig(gen_length=gen_length, block_length=args.block_length, steps=gen_length // 2,
-                        temperature=args.temperature)
+                        temperature=args.temperature, compile=compiled)
     warmup = replace(cfg, steps=cfg.num_blocks)  # same shapes as the timed call, one forward per block
     g = torch.Generator(device=device).manual_seed(1000 * batch + gen_length)
     ids, mask = random_prompts(batch, args.prompt_len, config.embedding_size, config.mask_token_id, g, device)
-    _timed_rollout(model, ids, mask, warmup, g)
-    with bench_env.cuda_memory(device) as memory:
+    with bench_env.cuda_memory(device) as memory:  # peak over warm-up and timed calls (CUDA-graph pools included)
+        warmup_s = _timed_rollout(model, ids, mask, warmup, g)
         total = statistics.median(_timed_rollout(model, ids, mask, cfg, g) for _ in range(args.repeats))
-    return {"total_s": total, "tokens_per_s": batch * gen_length / total, "step_ms": total / cfg.steps * 1e3, **memory}
+    return {"total_s": total, "tokens_per_s": batch * gen_length / total, "step_ms": total / cfg.steps * 1e3,
+            "warmup_s": warmup_s, **memory}
 
 
-def run(args, device: torch.device, size: str, emit) -> None:
-    """BF16 rows for every shape first, then each FP8 backend's rows with ratios against them."""
+class Variant(NamedTuple):
+    """One model configuration measured at every shape (a NamedTuple: this script is also loaded without a module
+    entry in sys.modules, where dataclasses cannot resolve postponed annotations)."""
+
+    precision: str
+    """bf16 or fp8."""
+    backend: str | None
+    """FP8 backend (None for BF16)."""
+    model: str
+    """master (the LLaDAModelLM itself) or fused (the rollout copy, fp8/fused_llada.py)."""
+    compiled: bool
+    """SamplerConfig.compile (CUDA only)."""
+
+    def build(self, master: nn.Module) -> nn.Module:
+        if self.model == "master":
+            return master
+        if self.precision == "bf16":
+            from dllm_ais.fp8.fused_llada import build_fused_llada
+
+            return build_fused_llada(master, None)
+        from dllm_ais.fp8 import quantize_model
+
+        return quantize_model(master, backend=self.backend)
+
+
+def variants(backends: list[str], compile_too: bool) -> list[Variant]:
+    """BF16 master eager first (the reference), then BF16 master compiled, BF16 fused, each FP8 backend (fused)."""
+    kinds = [("bf16", None, "master"), ("bf16", None, "fused")] + [("fp8", b, "fused") for b in backends]
+    out = [Variant(p, b, m, c) for p, b, m in kinds for c in ((False, True) if compile_too else (False,))]
+    return out
+
+
+def _skip_reason(v: Variant, device: torch.device, smoke: bool) -> str | None:
+    if device.type != "cuda" and not smoke:
+        return bench_env.NO_CUDA_REASON
+    if v.backend is not None:
+        reason = bench_env.backend_reason(v.backend, device)
+        if reason is not None:
+            return reason
+    if v.compiled and device.type != "cuda":
+        return "compiled rollouts need CUDA (SamplerConfig.compile is ignored on CPU)"
+    return None
+
+
+def _ratios(rows: list[dict]) -> None:
+    """Add speedup_vs_bf16_eager / _best and peak_mem_ratio_vs_bf16_eager to every ok row, per shape."""
+    for shape_key in {(r["batch"], r["gen_length"]) for r in rows}:
+        same = [r for r in rows if (r["batch"], r["gen_length"]) == shape_key and r["status"] == "ok"]
+        eager = [r for r in same if r["precision"] == "bf16" and r["model"] == "master" and not r["compiled"]]
+        bf16 = [r for r in same if r["precision"] == "bf16"]
+        best = max(bf16, key=lambda r: r["tokens_per_s"], default=None)
+        for r in same:
+            if eager:
+                r["speedup_vs_bf16_eager"] = r["tokens_per_s"] / eager[0]["tokens_per_s"]
+                if "peak_mem_gib" in r and "peak_mem_gib" in eager[0]:
+                    r["peak_mem_ratio_vs_bf16_eager"] = r["peak_mem_gib"] / eager[0]["peak_mem_gib"]
+            if best is not None:
+                r["speedup_vs_bf16_best"] = r["tokens_per_s"] / best["tokens_per_s"]
+
+
+def summary(rows: list[dict]) -> dict:
+    """The three headline ratios at the largest measured shape (null when not measured)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    out = {"rollout_fp8_vs_bf16_best": None, "rollout_fp8_vs_bf16_eager": None, "rollout_fp8_peak_mem_ratio": None}
+    if not ok:
+        return out
+    shape = max((r["batch"], r["gen_length"]) for r in ok)
+    fp8 = [r for r in ok if (r["batch"], r["gen_length"]) == shape and r["precision"] == "fp8"]
+    if fp8:
+        fastest = max(fp8, key=lambda r: r["tokens_per_s"])
+        out["rollout_fp8_vs_bf16_best"] = fastest.get("speedup_vs_bf16_best")
+        out["rollout_fp8_vs_bf16_eager"] = fastest.get("speedup_vs_bf16_eager")
+        out["rollout_fp8_peak_mem_ratio"] = fastest.get("peak_mem_ratio_vs_bf16_eager")
+    return out
+
+
+def run(args, device: torch.device, size: str, emit) -> list[dict]:
+    """Measure every variant at every shape; each row is emitted as soon as it is measured, with ratios against the
+    BF16 rows measured so far (BF16 variants run first); the returned rows carry the ratios over all of them."""
     shape = SHAPES[size]
     grid = [(batch, gen_length) for gen_length in args.gen_length for batch in args.batch]
+    rows: list[dict] = []
 
-    def record(precision: str, backend: str | None, batch: int, gen_length: int) -> dict:
+    def add(row: dict) -> None:
+        rows.append(row)
+        _ratios(rows)
+        emit(**row)
+
+    def record(v: Variant, batch: int, gen_length: int) -> dict:
         return dict(shape=shape, batch=batch, prompt_len=args.prompt_len, gen_length=gen_length,
                     block_length=args.block_length, steps=gen_length // 2, temperature=args.temperature,
-                    precision=precision, backend=backend)
+                    precision=v.precision, backend=v.backend, model=v.model, compiled=v.compiled)
 
-    if device.type != "cuda" and not args.smoke:
-        for precision, backend in [("bf16", None)] + [("fp8", b) for b in args.backends]:
-            for batch, gen_length in grid:
-                emit(**record(precision, backend, batch, gen_length), status="skipped", reason=bench_env.NO_CUDA_REASON)
-        return
-    bf16: dict[tuple[int, int], dict] = {}
-
-    def measure_all(precision: str, backend: str | None, model, info: dict) -> None:
+    master = None
+    for v in variants(args.backends, not args.no_compile):
+        reason, status = _skip_reason(v, device, args.smoke), "skipped"
+        if reason is None and master is None:
+            master = random_llada(LLaDAConfig(**shape), seed=0, device=device)
+        info: dict = {}
+        model = None
+        if reason is None:
+            try:
+                bench_env.sync(device)
+                t0 = time.perf_counter()
+                model = v.build(master)
+                bench_env.sync(device)
+                info["build_s"] = time.perf_counter() - t0
+                if model is not master:
+                    master.to("cpu")  # only the measured model stays on the device
+            except Exception as e:  # a backend that fails to build is reported, not fatal
+                reason, status = f"building the model failed: {bench_env.error_reason(e)}", "failed"
         for batch, gen_length in grid:
-            rec = record(precision, backend, batch, gen_length)
+            rec = record(v, batch, gen_length)
             if model is None:
-                emit(**rec, **info)  # skipped or failed, with the reason
+                add({**rec, "status": status, "reason": reason})
                 continue
             try:
-                row = measure(model, batch, gen_length, args, device)
+                add({**rec, **info, **measure(model, batch, gen_length, v.compiled, args, device), "status": "ok"})
             except Exception as e:  # e.g. out of memory at batch 32: record it and go on
-                emit(**rec, status="failed", reason=bench_env.error_reason(e))
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                continue
-            if backend is None:
-                bf16[batch, gen_length] = row
-            elif (batch, gen_length) in bf16:
-                ref = bf16[batch, gen_length]
-                row["speedup_vs_bf16"] = row["tokens_per_s"] / ref["tokens_per_s"]
-                if "peak_mem_gib" in row:
-                    row["peak_mem_ratio_vs_bf16"] = row["peak_mem_gib"] / ref["peak_mem_gib"]
-            emit(**rec, **info, **row, status="ok")  # info: quantize_s for FP8
-
-    master = random_llada(LLaDAConfig(**shape), seed=0, device=device)
-    bench_env.for_each_precision(master, args.backends, device, measure_all)
+                add({**rec, **info, "status": "failed", "reason": bench_env.error_reason(e)})
+            if device.type == "cuda":
+                torch._dynamo.reset()  # frees compiled graphs and their CUDA-graph pools
+                torch.cuda.empty_cache()
+        if model is not None and model is not master:
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            master.to(device)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shape on CPU, a few seconds")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "rollout.jsonl"), help="JSONL file to append to")
+    parser.add_argument("--json", help="also write one JSON object (environment, rows, summary ratios) here")
+    parser.add_argument("--no-compile", action="store_true", help="eager rows only (no torch.compile time)")
     parser.add_argument("--batch", type=int, nargs="+", help="batch sizes (default 8 32; smoke 2)")
     parser.add_argument("--gen-length", type=int, nargs="+", help="completion lengths (default 128 256; smoke 16)")
     parser.add_argument("--block-length", type=int, help="semi-autoregressive block (default 32; smoke 8)")
     parser.add_argument("--prompt-len", type=int, help="prompt tokens (default 64; smoke 8)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
     parser.add_argument("--backends", nargs="+",
-                        help="FP8 backends (default triton scaled_mm torchao torch; smoke torch scaled_mm torchao)")
+                        help="FP8 backends (default: every backend but the torch reference; smoke torch scaled_mm "
+                             "torchao)")
     parser.add_argument("--repeats", type=int, help="timed calls per measurement, median (default 1)")
     args = parser.parse_args(argv)
     size = "smoke" if args.smoke else "full"
@@ -173,7 +278,11 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     env = bench_env.environment(device, args.smoke, REPO, bench="rollout", libraries=("torch", "triton"))
     with bench_env.jsonl_writer(args.out, env) as emit, torch.no_grad():
-        run(args, device, size, emit)
+        rows = run(args, device, size, emit)
+    if args.json:
+        keys = ("device", "torch", "triton", "git_sha")
+        result = {**{k: env.get(k) for k in keys}, "rows": rows, **summary(rows)}
+        atomic_write_text(Path(args.json), json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from torch import nn
 
 from dllm_ais.config import SamplerConfig
 from dllm_ais.fp8 import FP8Linear, quantize_model, sync_weights
+from dllm_ais.fp8.fused_llada import FUSED_PARTS
 from dllm_ais.models.llada import LORA_TARGETS
 from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers.diffusion import diffusion_sample
@@ -107,20 +108,28 @@ def rollouts(pair):
 
 
 def test_block_linears_are_fp8_head_and_embeddings_stay(pair):
+    """The copy is the fused rollout model (fp8/fused_llada.py): per block qkv [3d, d], attn_out, gate_up [2h, d] and
+    ff_out are FP8Linears; embeddings, norms and the LM head keep the master's dtype and values. (Adapted from the
+    unfused structure, where each of the 7 block linears was its own FP8Linear.)"""
     model, fp8 = pair
-    expected = {f"model.transformer.blocks.{i}.{name}" for i in range(model.config.n_layers) for name in LORA_TARGETS}
     assert len(LORA_TARGETS) == 7
+    expected = {f"blocks.{i}.{name}" for i in range(model.config.n_layers) for name in FUSED_PARTS}
     assert {n for n, m in fp8.named_modules() if isinstance(m, FP8Linear)} == expected
-    t_fp8 = fp8.model.transformer
-    assert type(t_fp8.ff_out) is nn.Linear and fp8.get_output_embeddings() is t_fp8.ff_out  # the LM head
-    assert type(t_fp8.wte) is nn.Embedding
+    assert type(fp8.lm_head) is nn.Linear and fp8.get_output_embeddings() is fp8.lm_head  # the LM head
+    assert type(fp8.wte) is nn.Embedding
     assert not any(isinstance(m, FP8Linear) for m in model.modules())  # the master is untouched
-    fp8_state = fp8.state_dict()
-    for name, tensor in model.state_dict().items():  # everything but the block linears: same dtype and values
-        if name.removesuffix(".weight") not in expected:
-            assert fp8_state[name].dtype == tensor.dtype and torch.equal(fp8_state[name], tensor), name
-    layer = t_fp8.blocks[0].ff_out
-    assert layer.weight_q.dtype == torch.float8_e4m3fn and (layer.out_features, layer.in_features) == (128, 256)
+    t = model.model.transformer
+    pairs = [(fp8.wte.weight, t.wte.weight), (fp8.ln_f.weight, t.ln_f.weight), (fp8.lm_head.weight, t.ff_out.weight)]
+    for block, master_block in zip(fp8.blocks, t.blocks, strict=True):
+        pairs += [(block.attn_norm.weight, master_block.attn_norm.weight),
+                  (block.ff_norm.weight, master_block.ff_norm.weight)]
+    for copied, source in pairs:
+        assert copied.dtype == source.dtype and torch.equal(copied, source)
+    d, h = model.config.d_model, model.config.mlp_hidden_size
+    blk = fp8.blocks[0]
+    assert blk.qkv.weight_q.dtype == torch.float8_e4m3fn and (blk.qkv.out_features, blk.qkv.in_features) == (3 * d, d)
+    assert (blk.gate_up.out_features, blk.gate_up.in_features) == (2 * h, d)
+    assert (blk.ff_out.out_features, blk.ff_out.in_features) == (d, h)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

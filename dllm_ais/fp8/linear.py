@@ -24,6 +24,15 @@ Backends (one interface, chosen once by name from BACKENDS; FP8Linear is inferen
               on first use and cached in memory (auto_choices()); "torch" on CPU. Warm it eagerly (one forward per
               shape) before CUDA-graph capture or torch.compile: timing cannot run inside either.
 
+Each backend is `forward` = quantise x + `gemm`, where `gemm(xq, xs, layer)` takes activations that a producer
+kernel already quantised (FP8Linear.forward_quantized; the fused LLaDA rollout copy in fused_llada.py calls it after
+RMSNorm→quant, SiLU·up→quant and attention-output→quant); scaled_mm's row-wise scheme has no gemm (None), so a model
+on it quantises bf16 producer outputs itself. The Triton paths go through the torch.library ops of ops.py, so
+torch.compile traces them without a graph break.
+
+quantize_model on an LLaDAModelLM (plain or peft-wrapped) returns that fused copy; every other model (Qwen, toy
+modules) gets the per-Linear copy described here, and sync_weights handles both.
+
 Layer shapes: in_features and out_features must be multiples of 16 for every backend (torch._scaled_mm's requirement,
 and 16-byte-aligned fp8 rows for the GEMMs), so the set of quantisable layers does not depend on the backend. Ragged
 multiples of 16 (not of 128) are fine: the 128-blocks use masked tails (see quant.py).
@@ -42,6 +51,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -67,17 +77,44 @@ class FP8LayerError(ValueError):
 # backends: sibling forward functions, x [M, K] -> y [M, N] (fp32 or bf16; FP8Linear casts to x.dtype)
 
 
-def _forward_torch(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
-    xq, xs = quant.quantize_act(x)  # [M, K], [M, G]
+def _gemm_torch(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
     return quant.fp8_gemm_reference(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=torch.float32)
 
 
-def _forward_triton(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
-    from . import kernels
+def _gemm_triton(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear, out_dtype: torch.dtype) -> torch.Tensor:
+    from . import ops
 
-    xq, xs = kernels.quantize_act(x)  # [M, K], [M, G]
+    return ops.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale, out_dtype)
+
+
+def _gemm_triton_bf16(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+    """bf16 out unless the layer has a bias (added in fp32 by FP8Linear)."""
+    return _gemm_triton(xq, xs, layer, torch.bfloat16 if layer.bias is None else torch.float32)
+
+
+def _gemm_torchao(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+    from . import ops
+
+    return ops.torchao_gemm(xq, xs, layer.weight_q, layer.weight_scale)  # [M, N] bf16
+
+
+def _quantize_act_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return quant.quantize_act(x)
+
+
+def _quantize_act_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import ops
+
+    return ops.quantize_act(x)
+
+
+def _forward_torch(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+    return _gemm_torch(*_quantize_act_torch(x), layer)  # x [M, K] -> [M, K], [M, G] -> [M, N]
+
+
+def _forward_triton(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
     out_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 and layer.bias is None else torch.float32
-    return kernels.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=out_dtype)
+    return _gemm_triton(*_quantize_act_triton(x), layer, out_dtype)
 
 
 def _forward_scaled_mm(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
@@ -87,11 +124,7 @@ def _forward_scaled_mm(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
 
 
 def _forward_torchao(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
-    from . import kernels
-
-    xq, xs = kernels.quantize_act(x)  # [M, K], [M, G] K-major
-    # torchao's kernel indexes a_s as a contiguous [M, G]
-    return torchao_blockwise_gemm()(xq, xs.contiguous(), layer.weight_q, layer.weight_scale)  # [M, N] bf16
+    return _gemm_torchao(*_quantize_act_triton(x), layer)
 
 
 @functools.cache
@@ -236,8 +269,6 @@ def _forward_auto(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
 
 def _gemm_auto(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
     name = _auto_pick("gemm", layer, xq.shape[0], xq.device, lambda b: BACKENDS[b].gemm(xq, xs, layer))
-    if name == "torch" and BACKENDS["torch"].gemm is None:
-        return quant.fp8_gemm_reference(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=torch.float32)
     return BACKENDS[name].gemm(xq, xs, layer)
 
 
@@ -321,23 +352,24 @@ class Backend:
     """One way to run an FP8Linear."""
 
     forward: Callable[[torch.Tensor, FP8Linear], torch.Tensor]
-    """x [M, K] -> y [M, N] (fp32 or bf16)."""
+    """x [M, K] -> y [M, N] (fp32 or bf16): quantise x, then `gemm` (or the backend's own scheme)."""
+    gemm: Callable[[torch.Tensor, torch.Tensor, FP8Linear], torch.Tensor] | None
+    """(xq [M, K] e4m3, xs [M, ceil(K/128)] fp32, layer) -> y [M, N] from activations a producer already quantised
+    per 1×128 (xs may be any strided [M, G] view, e.g. K-major); None for a backend that cannot take them (row-wise
+    scaled_mm: the fused model then quantises the producer's output itself)."""
     scheme: str
     """"block": 1×128 activation / 128×128 weight scales; "row": per-row activation / per-output-channel weight."""
     unavailable: Callable[[torch.device], str | None]
     """Why this backend cannot run on a device, or None when it can."""
-    gemm: Callable | None = None
-    """(xq [M, K] e4m3, xs [M, G] fp32, layer) -> y [M, N] from already-quantised activations; None where the backend
-    quantises its own way (row-wise scaled_mm)."""
 
 
 BACKENDS: dict[str, Backend] = {
-    "torch": Backend(_forward_torch, "block", _torch_unavailable),
-    "triton": Backend(_forward_triton, "block", _triton_unavailable),
-    "scaled_mm": Backend(_forward_scaled_mm, "row", _scaled_mm_unavailable),
-    "torchao": Backend(_forward_torchao, "block", _torchao_unavailable),
-    "cublas": Backend(_forward_cublas, "block", _cublas_unavailable, gemm=_gemm_cublas),
-    "auto": Backend(_forward_auto, "block", _auto_unavailable, gemm=_gemm_auto),
+    "torch": Backend(_forward_torch, _gemm_torch, "block", _torch_unavailable),
+    "triton": Backend(_forward_triton, _gemm_triton_bf16, "block", _triton_unavailable),
+    "scaled_mm": Backend(_forward_scaled_mm, None, "row", _scaled_mm_unavailable),
+    "torchao": Backend(_forward_torchao, _gemm_torchao, "block", _torchao_unavailable),
+    "cublas": Backend(_forward_cublas, _gemm_cublas, "block", _cublas_unavailable),
+    "auto": Backend(_forward_auto, _gemm_auto, "block", _auto_unavailable),
 }
 
 
@@ -496,6 +528,20 @@ class FP8Linear(QuantizedLinear):
             y = y.float() + self.bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
+    def forward_quantized(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Already-quantised activations xq [M, K] e4m3, xs [M, ceil(K/128)] fp32 -> y [M, N] in `dtype`.
+
+        For producers that emit FP8 (the fused rollout model); needs a backend whose `gemm` is not None. No device
+        check here (the caller checked once), so torch.compile traces it without a graph break.
+        """
+        gemm = BACKENDS[self.backend].gemm
+        if gemm is None:
+            raise FP8BackendError(f"FP8 backend {self.backend!r} takes bf16 activations only (it has no gemm)")
+        y = gemm(xq, xs, self)  # [M, N]
+        if self.bias is not None:
+            y = y.float() + self.bias.float()
+        return y.to(dtype)
+
     def _apply(self, fn: Callable, recurse: bool = True) -> FP8Linear:
         """Like nn.Module._apply, but model.to(dtype) / .half() / .bfloat16() never cast the codes or the scales
         (float8 counts as floating point to torch); devices still move. The bias follows the cast."""
@@ -609,6 +655,16 @@ def _copy_memo(model: nn.Module, replaced: list[str]) -> dict[int, object]:
     return {i: placeholder for i in inside - outside}
 
 
+def _llada_master(model: nn.Module) -> nn.Module | None:
+    """The LLaDAModelLM in `model` (itself or under peft), or None; without importing models.llada (if it is not
+    imported, `model` cannot be one)."""
+    if "dllm_ais.models.llada" not in sys.modules:
+        return None
+    from .fused_llada import llada_master
+
+    return llada_master(model)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # public entry points
 
@@ -626,8 +682,15 @@ def quantize_model(
     MLP down projections are all called `ff_out`) and layers whose canonical qualified name satisfies `exclude`.
     Embeddings, norms and everything that is not an nn.Linear are copied unchanged.
     Raises FP8BackendError / FP8LayerError, naming the backend or layer and the alternatives, before copying anything.
+
+    An LLaDAModelLM (plain or peft-wrapped) gets the fused inference copy instead (fp8/fused_llada.py: fused QKV and
+    gate-up weights, producers that emit FP8), unless `exclude` is given (then: the per-Linear copy above).
     """
     check_backend(backend)
+    if exclude is None and _llada_master(model) is not None:
+        from .fused_llada import build_fused_llada
+
+        return build_fused_llada(model, backend)
 
     def check(name: str, linear: nn.Linear) -> None:
         check_layer_shape(name, linear.in_features, linear.out_features)
@@ -678,8 +741,13 @@ def sync_weights(master: nn.Module, rollout: nn.Module) -> None:
     canonical name (a LoRA layer is merged on the fly; the master is not modified); a plain linear of `rollout` whose
     master layer carries LoRA (e.g. a LoRA-adapted LM head) gets the merged weight; every other parameter and buffer
     of `rollout` (embeddings, norms, LM head, excluded linears) is copy_'d from the master tensor of the same
-    canonical name.
+    canonical name. A fused LLaDA rollout copy (fp8/fused_llada.py) has each master tensor requantised into its slice
+    of the fused buffers instead.
     """
+    fused = sys.modules.get(f"{__package__}.fused_llada")
+    if fused is not None and isinstance(rollout, fused.FusedLLaDA):
+        fused.sync_fused_llada(master, rollout)
+        return
     master_peft, rollout_peft = _is_peft_root(master), _is_peft_root(rollout)
     master_layers = {canonical_name(n, master_peft): m for n, m in _linear_layers(master).items()}
     fp8_layers = {n: m for n, m in rollout.named_modules() if isinstance(m, QuantizedLinear)}

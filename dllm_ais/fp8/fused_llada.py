@@ -1,0 +1,261 @@
+"""The rollout copy of a LLaDA model, built for inference: fused QKV and gate-up weights, producers that emit FP8.
+
+Per block the copy holds four linears instead of seven:
+  qkv      [3·d', d]  q_proj, k_proj, v_proj stacked        (d' = d rounded up to a multiple of `pad`)
+  attn_out [d, d]
+  gate_up  [2·h', d]  ff_proj (gate), up_proj stacked        (h' = h rounded up likewise)
+  ff_out   [d, h]
+so each block input is normalised and quantised once for all its consumers. `pad` is 128 for FP8 (the weight
+block edge) and 1 for BF16. Padding each part to whole 128-row blocks, rather than keeping a per-part block grid, keeps
+the fused weight an ordinary blockwise-quantised FP8Linear that every GEMM backend takes unchanged, and makes each
+part's codes and scales exactly a fresh quantisation of its master tensor (no 128×128 block straddles two parts);
+the padding rows hold zero codes (scale 1), cost nothing for LLaDA-8B (4096, 12288 are multiples of 128) and only
+ragged test shapes pay a few extra output columns, which the forward never reads.
+
+FP8 forward of a block (backend with a `gemm`; producers = Triton kernels for triton / torchao, their torch twins
+for torch — producer_kernels.py / producers.py):
+  rmsnorm_quant(x) -> qkv GEMM -> rope(q), rope(k) (no cat) -> SDPA -> attn_out_quant -> attn_out GEMM -> + x
+  rmsnorm_quant(x) -> gate_up GEMM -> silu_mul_quant -> ff_out GEMM -> + x
+A backend without `gemm` (row-wise scaled_mm) and the BF16 copy run the same fused structure on bf16 producer outputs.
+
+Weights: `build_fused_llada(master, backend)` and `sync_fused_llada(master, rollout)`; the master (plain or
+peft-wrapped LLaDAModelLM, LoRA merged on the fly as linear.effective_weight does) keeps the official names, the copy
+writes each master tensor into its row slice of the fused buffer in place (no reallocation, data_ptr unchanged).
+Embeddings, norms and the LM head stay in the master's dtype.
+
+Numerics: with the torch backend the fused copy computes what the unfused FP8 copy computes (same ops on the same
+codes; only the fp32 GEMM over the wider fused weight may sum in another order). The Triton GEMM returns bf16, so an
+fp32 master's fused copy on triton rounds GEMM outputs to bf16 where the unfused copy kept fp32 (fp32 masters are a CPU
+test setting; LLaDA-8B runs in bf16, where the two agree).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, LLaDAOutput, RMSNorm
+
+from . import linear, producers
+from .linear import FP8Linear, check_backend, effective_weight
+from .quant import BLOCK
+
+FUSED_PARTS: dict[str, tuple[str, ...]] = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "attn_out": ("attn_out",),
+    "gate_up": ("ff_proj", "up_proj"),
+    "ff_out": ("ff_out",),
+}
+"""Fused linear of a rollout block -> the master block's linears stacked in it (official names), in order."""
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _producer_impl(backend: str | None) -> SimpleNamespace:
+    """The producer functions a backend's fused forward uses (chosen once, at build time)."""
+    if backend in ("triton", "torchao"):
+        from . import ops
+
+        return SimpleNamespace(rmsnorm_quant=ops.rmsnorm_quant, silu_mul_quant=ops.silu_mul_quant,
+                               attn_out_quant=ops.attn_out_quant, rope=ops.rope)
+    return SimpleNamespace(rmsnorm_quant=producers.rmsnorm_quant, silu_mul_quant=producers.silu_mul_quant,
+                           attn_out_quant=producers.attn_out_quant, rope=producers.apply_rope)
+
+
+class FusedLLaDABlock(nn.Module):
+    """One LLaDA block with fused qkv / gate_up linears (FP8Linear, or nn.Linear for the BF16 copy)."""
+
+    def __init__(self, config: LLaDAConfig, backend: str | None, device, dtype: torch.dtype):
+        super().__init__()
+        d, h = config.d_model, config.mlp_hidden_size
+        self.n_heads, self.d, self.h = config.n_heads, d, h
+        self.pad = BLOCK if backend is not None else 1
+        self.dp, self.hp = _round_up(d, self.pad), _round_up(h, self.pad)
+        self.attn_norm = RMSNorm(d, config.rms_norm_eps).to(device=device, dtype=dtype)
+        self.ff_norm = RMSNorm(d, config.rms_norm_eps).to(device=device, dtype=dtype)
+        shapes = {"qkv": (d, 3 * self.dp), "attn_out": (d, d), "gate_up": (d, 2 * self.hp), "ff_out": (h, d)}
+        for name, (k, n) in shapes.items():
+            if backend is None:
+                layer = nn.Linear(k, n, bias=False, device=device, dtype=dtype)
+                nn.init.zeros_(layer.weight)  # padding rows (none at pad 1) and a defined start
+            else:
+                layer = FP8Linear(k, n, backend=backend, device=device, name=name)
+            setattr(self, name, layer)
+
+    def part_offsets(self, fused: str) -> list[tuple[str, int]]:
+        """(official linear name, first row in the fused weight) for each part of `fused`."""
+        size = {"qkv": self.dp, "gate_up": self.hp}.get(fused, 0)
+        return [(name, i * size) for i, name in enumerate(FUSED_PARTS[fused])]
+
+
+def _block_fp8_producers(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias):
+    """FP8 block whose producers emit codes + scales. x [B, T, d] -> [B, T, d]."""
+    B, T, d = x.shape
+    dtype = x.dtype
+    x2 = x.reshape(B * T, d)
+    qkv = blk.qkv.forward_quantized(*impl.rmsnorm_quant(x2, blk.attn_norm.weight, blk.attn_norm.eps), dtype)
+    q, k, v = (qkv[:, i * blk.dp:i * blk.dp + d].view(B, T, blk.n_heads, -1) for i in range(3))  # [B, T, H, D] views
+    q, k = impl.rope(q, cos, sin), impl.rope(k, cos, sin)  # [B, H, T, D]
+    att = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), attn_mask=attn_bias, is_causal=False)
+    x2 = x2 + blk.attn_out.forward_quantized(*impl.attn_out_quant(att), dtype)
+    gu = blk.gate_up.forward_quantized(*impl.rmsnorm_quant(x2, blk.ff_norm.weight, blk.ff_norm.eps), dtype)
+    mq, ms = impl.silu_mul_quant(gu[:, :blk.h], gu[:, blk.hp:blk.hp + blk.h])
+    x2 = x2 + blk.ff_out.forward_quantized(mq, ms, dtype)
+    return x2.view(B, T, d)
+
+
+def _block_plain(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias):
+    """Fused block on bf16 producer outputs (the BF16 copy; FP8 backends that quantise for themselves)."""
+    B, T, d = x.shape
+    x2 = x.reshape(B * T, d)
+    qkv = blk.qkv(producers.rms_norm(x2, blk.attn_norm.weight, blk.attn_norm.eps))  # [B·T, 3·d']
+    q, k, v = (qkv[:, i * blk.dp:i * blk.dp + d].view(B, T, blk.n_heads, -1) for i in range(3))
+    q, k = producers.apply_rope(q, cos, sin), producers.apply_rope(k, cos, sin)
+    att = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), attn_mask=attn_bias, is_causal=False)
+    x2 = x2 + blk.attn_out(producers.attn_merge(att))
+    gu = blk.gate_up(producers.rms_norm(x2, blk.ff_norm.weight, blk.ff_norm.eps))  # [B·T, 2·h']
+    x2 = x2 + blk.ff_out(producers.silu_mul(gu[:, :blk.h], gu[:, blk.hp:blk.hp + blk.h]))
+    return x2.view(B, T, d)
+
+
+BLOCK_FORWARDS = {"fp8_producers": _block_fp8_producers, "plain": _block_plain}
+
+
+class FusedLLaDA(nn.Module):
+    """Inference-only rollout copy of an LLaDAModelLM: forward(input_ids, attention_mask, positions) -> .logits,
+    as the master's. `backend` None = the BF16 copy (master dtype), else an FP8 backend name."""
+
+    def __init__(self, config: LLaDAConfig, backend: str | None, device, dtype: torch.dtype):
+        super().__init__()
+        self.config, self.backend = config, backend
+        self.wte = nn.Embedding(config.embedding_size, config.d_model, device=device, dtype=dtype)
+        self.blocks = nn.ModuleList(FusedLLaDABlock(config, backend, device, dtype) for _ in range(config.n_layers))
+        self.ln_f = RMSNorm(config.d_model, config.rms_norm_eps).to(device=device, dtype=dtype)
+        self.lm_head = nn.Linear(config.d_model, config.embedding_size, bias=False, device=device, dtype=dtype)
+        has_gemm = backend is not None and linear.BACKENDS[backend].gemm is not None
+        self.variant = "fp8_producers" if has_gemm else "plain"
+        self._impl = _producer_impl(backend)
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.wte
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | slice | None = None, **kwargs) -> LLaDAOutput:
+        """input_ids [B, T], attention_mask [B, T] (1 = real token), positions as LLaDAModelLM -> logits [B, P, V]."""
+        x = self.wte(input_ids)  # [B, T, d]
+        if attention_mask is None:
+            pos = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            attn_bias = None
+        else:
+            keep = attention_mask.bool()
+            pos = (keep.long().cumsum(-1) - 1).clamp(min=0)  # real tokens only: left padding keeps RoPE phases
+            attn_bias = keep[:, None, None, :]  # [B, 1, 1, T]
+        cos, sin = producers.rope_tables(pos, self.config.head_dim, self.config.rope_theta)  # [B, T, D/2]
+        block_forward = BLOCK_FORWARDS[self.variant]
+        for block in self.blocks:
+            x = block_forward(block, self._impl, x, cos, sin, attn_bias)
+        if positions is not None:
+            x = x[:, positions] if isinstance(positions, slice) else x.gather(
+                1, positions[..., None].expand(-1, -1, x.shape[-1]))
+        return LLaDAOutput(logits=self.lm_head(self.ln_f(x)))  # [B, P, V]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# building and syncing
+
+
+def llada_master(model: nn.Module) -> LLaDAModelLM | None:
+    """The LLaDAModelLM inside `model` (itself, or under a peft wrapper), or None."""
+    base = model.get_base_model() if hasattr(model, "peft_config") and hasattr(model, "get_base_model") else model
+    return base if isinstance(base, LLaDAModelLM) else None
+
+
+@torch.no_grad()
+def _load_rows(layer: nn.Module, offset: int, weight: torch.Tensor) -> None:
+    """Write weight [n, K] into rows offset:offset+n of a fused linear, in place (FP8: requantised into the slices of
+    the codes and scales, which is a fresh quantisation because offset is a multiple of 128)."""
+    n = weight.shape[0]
+    if not isinstance(layer, FP8Linear):
+        layer.weight[offset:offset + n].copy_(weight)
+        return
+    if layer.scheme == "block":
+        scales = layer.weight_scale[offset // BLOCK:_round_up(offset + n, BLOCK) // BLOCK]
+    else:
+        scales = layer.weight_scale[offset:offset + n]
+    linear._QUANTIZE_INTO[layer.scheme](weight.detach().to(layer.weight_q.device), layer.weight_q[offset:offset + n],
+                                        scales)
+
+
+@torch.no_grad()
+def sync_fused_llada(master: nn.Module, rollout: FusedLLaDA, gather=None, full=None) -> None:
+    """Copy the master's current weights (LoRA merged) into the fused rollout copy, in place.
+
+    `gather(module)` / `full(tensor)` (FSDP2, dllm_ais/fsdp_sync.py): a context manager that makes one master layer's
+    sharded parameters whole while it is read, and the whole of one sharded tensor; default: the master is unsharded.
+    """
+    gather = gather or contextlib.nullcontext
+    full = full or (lambda t: t)
+    peft_root = hasattr(master, "peft_config")
+    layers = {linear.canonical_name(n, peft_root): m for n, m in linear._linear_layers(master).items()}
+    tensors = {linear.canonical_name(n, peft_root): t for n, t in linear._named_tensors(master)}
+
+    def load(name: str, write) -> None:
+        """write(the master's current weight called `name`), one layer gathered at a time."""
+        if name not in layers:
+            write(full(tensors[name].detach()))
+            return
+        with gather(layers[name]):
+            weight, bias = effective_weight(layers[name])
+            if bias is not None:
+                raise ValueError(f"{name} has a bias; LLaDA's linears have none")
+            write(weight)
+
+    def copy(target: torch.Tensor, name: str) -> None:
+        def write(source: torch.Tensor) -> None:
+            if source.shape != target.shape:
+                raise KeyError(f"sync: master tensor {name!r} {tuple(source.shape)} does not fit {tuple(target.shape)}")
+            target.copy_(source)
+
+        load(name, write)
+
+    t = "model.transformer."
+    copy(rollout.wte.weight, f"{t}wte.weight")
+    copy(rollout.ln_f.weight, f"{t}ln_f.weight")
+    copy(rollout.lm_head.weight, f"{t}ff_out")
+    for i, block in enumerate(rollout.blocks):
+        prefix = f"{t}blocks.{i}."
+        copy(block.attn_norm.weight, f"{prefix}attn_norm.weight")
+        copy(block.ff_norm.weight, f"{prefix}ff_norm.weight")
+        for fused in FUSED_PARTS:
+            target = getattr(block, fused)
+            for name, offset in block.part_offsets(fused):
+                load(prefix + name, lambda w, target=target, offset=offset: _load_rows(target, offset, w))
+
+
+@torch.no_grad()
+def build_fused_llada(model: nn.Module, backend: str | None) -> FusedLLaDA:
+    """The fused rollout copy of a (peft-wrapped or plain) LLaDAModelLM, on its device, in eval mode, no grads.
+    backend None = BF16 copy in the master's dtype; else an FP8 backend that runs on that device."""
+    master = llada_master(model)
+    if master is None:
+        raise TypeError(f"build_fused_llada needs an LLaDAModelLM (or a peft model around one), got {type(model)}")
+    weight = master.get_input_embeddings().weight
+    if backend is not None:
+        check_backend(backend, weight.device)
+    rollout = FusedLLaDA(master.config, backend, weight.device, weight.dtype)
+    sync_fused_llada(model, rollout)
+    rollout.requires_grad_(False)
+    return rollout.eval()

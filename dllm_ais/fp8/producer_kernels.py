@@ -1,0 +1,254 @@
+"""Triton producer kernels of the fused rollout model: each writes the e4m3 codes + 1×128 scales its consumer GEMM
+reads (or, for RoPE, the rotated heads), so no bf16 intermediate is written and re-read by a separate quantiser.
+
+  rmsnorm_quant(x, w, eps)   RMSNorm -> quant          twin: producers.rmsnorm_quant
+  silu_mul_quant(gate, up)   SiLU(gate)·up -> quant    twin: producers.silu_mul_quant
+  attn_out_quant(att)        [B,H,T,D] -> [B·T,H·D] -> quant (the transpose is folded into the loads)
+                                                       twin: producers.attn_out_quant
+  rope(x, cos, sin)          [B,T,H,D] view -> rotated [B,H,T,D], half-width tables, no `cat`
+                                                       twin: producers.apply_rope
+
+Each is a `torch.library.triton_op` launched through `wrap_triton`, so torch.compile traces into the kernel instead of
+breaking the graph (as torchao's prototype/blockwise_fp8_training/kernels.py does). The model dtype (x.dtype, bf16 or
+fp32) is the dtype the producer's output is rounded to before quantisation, as the unfused model does it; the
+interpreter's fp32 -> bf16 cast truncates, so rounding goes through kernels._round_to_bf16 (and kernels._round_to_e4m3
+for the e4m3 cast; DESIGN.md §7).
+
+Agreement with the twins (tests/test_fp8_producers.py, interpreter): attn_out_quant and rope are bit-identical (no
+reduction, no transcendental; on a GPU the compiler may contract a·b − c·d into an FMA, which can move the last fp32
+bit); rmsnorm_quant and silu_mul_quant sum / exponentiate in a different order or library than torch, so a value can
+land one bf16 ulp away and its code one e4m3 step away (|code bits difference| ≤ 1, scales within one bf16 ulp).
+
+Activation scales are allocated by `empty_act_scales`, in the layout `kernels.quantize_act` returns ([M, G], K-major);
+the kernels write through explicit (row, group) strides, so that helper is the one place a layout change goes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from .kernels import INTERPRET, _round_to_bf16, _round_to_e4m3, _scale_from_amax
+from .quant import BLOCK, FP8_DTYPE, num_blocks
+
+_ROWS = 16 if INTERPRET else 4  # rows per program (the interpreter's cost is per program)
+
+
+def empty_act_scales(M: int, G: int, device: torch.device) -> torch.Tensor:
+    """Uninitialised activation scales for M rows × G groups, in kernels.quantize_act's layout: [M, G] stored K-major
+    (stride (1, M)), the outer-dim-major layout cuBLAS's blockwise mode needs and the GEMM reads contiguously."""
+    return torch.empty((G, M), dtype=torch.float32, device=device).t()
+
+
+def _check_model_dtype(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"{name} must be bfloat16 or float32 (the model dtype), got {t.dtype}")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# kernels
+
+
+@triton.jit
+def _quant_store(y, rows64, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, g, row_ok):
+    """y [BM, 128] fp32 (one group per row) -> codes at q[rows, cols], scales at s[rows, g]."""
+    scale = _scale_from_amax(tl.max(tl.abs(y), axis=1))  # [BM]
+    q = _round_to_e4m3(tl.math.div_rn(y, scale[:, None]))
+    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + rows64 * stride_sm + g * stride_sg, scale, mask=row_ok)
+
+
+@triton.jit
+def _to_model_dtype(y, OUT_BF16: tl.constexpr):
+    """fp32 -> fp32 on the model dtype's grid (bf16: round to nearest even; fp32: unchanged)."""
+    if OUT_BF16:
+        y = _round_to_bf16(y)
+    return y
+
+
+@triton.jit
+def _rmsnorm_quant_kernel(
+    x_ptr, w_ptr, q_ptr, s_ptr,  # x [M, D] (row stride stride_xm), w [D], q [M, D], s [M, G] (strides sm, sg)
+    M, D, G, stride_xm, stride_qm, stride_sm, stride_sg, eps, d_float,  # d_float: D as a float
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    rows64 = rows.to(tl.int64)
+    row_ok = rows < M
+    offs = tl.arange(0, BLOCK_K)  # [BK]
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for g in range(0, G):  # pass 1: sum of squares
+        cols = g * BLOCK_K + offs
+        mask = row_ok[:, None] & (cols[None, :] < D)
+        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+    r = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(ss, d_float) + eps))  # [BM] rsqrt(mean + eps)
+    for g in range(0, G):  # pass 2: normalise, round to the model dtype, quantise this group
+        cols = g * BLOCK_K + offs
+        col_ok = cols < D
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = _to_model_dtype((x * r[:, None]) * w[None, :], OUT_BF16)
+        _quant_store(y, rows64, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, g, row_ok)
+
+
+@triton.jit
+def _silu_mul_quant_kernel(
+    g_ptr, u_ptr, q_ptr, s_ptr,  # gate, up [M, H] (row strides), q [M, H], s [M, G] (strides sm, sg)
+    M, H, stride_gm, stride_um, stride_qm, stride_sm, stride_sg,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    g = tl.program_id(1)
+    cols = g * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
+    rows64 = rows.to(tl.int64)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < H)
+    gate = tl.load(g_ptr + rows64[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(u_ptr + rows64[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    act = _to_model_dtype(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), OUT_BF16)  # F.silu in the model dtype
+    y = _to_model_dtype(act * up, OUT_BF16)
+    _quant_store(y, rows64, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, g, row_ok)
+
+
+@triton.jit
+def _attn_out_quant_kernel(
+    a_ptr, q_ptr, s_ptr,  # a [B, H, T, D] (any strides), q [B·T, H·D], s [B·T, G] (strides sm, sg)
+    T, HD, D, M, stride_ab, stride_ah, stride_at, stride_ad, stride_qm, stride_sm, stride_sg,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] = b·T + t
+    g = tl.program_id(1)
+    cols = g * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK] = h·D + d
+    rows64 = rows.to(tl.int64)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < HD)
+    row_off = (rows64 // T) * stride_ab + (rows64 % T) * stride_at  # [BM]
+    col_off = (cols // D).to(tl.int64) * stride_ah + (cols % D).to(tl.int64) * stride_ad  # [BK]
+    y = tl.load(a_ptr + row_off[:, None] + col_off[None, :], mask=mask, other=0.0).to(tl.float32)
+    _quant_store(y, rows64, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, g, row_ok)
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, c_ptr, s_ptr, o_ptr,  # x [B, T, H, D] (any strides), cos/sin [B, T, D/2] contiguous, o [B, H, T, D]
+    T, NH, HALF, stride_xb, stride_xt, stride_xh, stride_xd,
+    BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr, OUT_BF16: tl.constexpr,
+):  # fmt: skip
+    bh = tl.program_id(0)
+    b = bh // NH
+    h = bh % NH
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
+    j = tl.arange(0, BLOCK_HALF)  # [BH]
+    mask = (t[:, None] < T) & (j[None, :] < HALF)
+    t64 = t.to(tl.int64)
+    x_row = x_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh + t64[:, None] * stride_xt
+    x1 = tl.load(x_row + j[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (j[None, :] + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    tab = (b.to(tl.int64) * T + t64[:, None]) * HALF + j[None, :]
+    c = tl.load(c_ptr + tab, mask=mask, other=0.0)
+    s = tl.load(s_ptr + tab, mask=mask, other=0.0)
+    o_row = o_ptr + (bh.to(tl.int64) * T + t64[:, None]) * (2 * HALF)
+    o1 = _to_model_dtype(x1 * c - x2 * s, OUT_BF16)
+    o2 = _to_model_dtype(x2 * c + x1 * s, OUT_BF16)
+    tl.store(o_row + j[None, :], o1.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_row + j[None, :] + HALF, o2.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# torch.library ops (traced by torch.compile through wrap_triton)
+
+
+def _fake_quant(x2d_shape: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    M, K = x2d_shape
+    return torch.empty((M, K), dtype=FP8_DTYPE, device=device), empty_act_scales(M, num_blocks(K), device)
+
+
+def _register(name: str, fake):
+    """A triton_op (torch.compile traces through wrap_triton into the kernel). Under the Triton interpreter wrap_triton
+    cannot trace (it runs the kernel on fake tensors), so there the op is a custom_op with `fake` as its meta
+    function: same graph, no break, and CPU tests can check the FP8 forward compiles as one graph."""
+
+    def wrap(fn):
+        if not INTERPRET:
+            return triton_op(name, mutates_args={})(fn)
+        op = torch.library.custom_op(name, mutates_args=())(fn)
+        op.register_fake(fake)
+        return op
+
+    return wrap
+
+
+@_register("dllm_ais::rmsnorm_quant", lambda x, weight, eps: _fake_quant(tuple(x.shape), x.device))
+def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, d] (bf16/fp32, unit last stride), weight [d] -> (codes [M, d] e4m3, scales [M, ceil(d/128)] fp32)."""
+    _check_model_dtype("x", x)
+    torch._check(x.dim() == 2 and x.stride(-1) == 1 and weight.shape == (x.shape[1],), lambda: "x [M, d], w [d]")
+    M, D = x.shape
+    G = num_blocks(D)
+    q = torch.empty((M, D), dtype=FP8_DTYPE, device=x.device)
+    s = empty_act_scales(M, G, x.device)
+    if M and D:
+        wrap_triton(_rmsnorm_quant_kernel)[(triton.cdiv(M, _ROWS),)](
+            x, weight.contiguous(), q, s, M, D, G, x.stride(0), q.stride(0), s.stride(0), s.stride(1), eps, float(D),
+            BLOCK_M=_ROWS, BLOCK_K=BLOCK, OUT_BF16=x.dtype == torch.bfloat16,
+        )
+    return q, s
+
+
+@_register("dllm_ais::silu_mul_quant", lambda gate, up: _fake_quant(tuple(gate.shape), gate.device))
+def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate, up [M, h] (same dtype, unit last stride; e.g. column slices of the fused gate-up output)
+    -> (codes [M, h] e4m3, scales [M, ceil(h/128)] fp32) of SiLU(gate)·up rounded to the dtype."""
+    _check_model_dtype("gate", gate)
+    torch._check(gate.shape == up.shape and gate.dtype == up.dtype and gate.dim() == 2, lambda: "gate, up [M, h]")
+    torch._check(gate.stride(-1) == 1 and up.stride(-1) == 1, lambda: "gate and up need unit last stride")
+    M, H = gate.shape
+    G = num_blocks(H)
+    q = torch.empty((M, H), dtype=FP8_DTYPE, device=gate.device)
+    s = empty_act_scales(M, G, gate.device)
+    if M and H:
+        wrap_triton(_silu_mul_quant_kernel)[(triton.cdiv(M, _ROWS), G)](
+            gate, up, q, s, M, H, gate.stride(0), up.stride(0), q.stride(0), s.stride(0), s.stride(1),
+            BLOCK_M=_ROWS, BLOCK_K=BLOCK, OUT_BF16=gate.dtype == torch.bfloat16,
+        )
+    return q, s
+
+
+@_register("dllm_ais::attn_out_quant",
+           lambda att: _fake_quant((att.shape[0] * att.shape[2], att.shape[1] * att.shape[3]), att.device))
+def attn_out_quant(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """att [B, H, T, D] (any strides) -> (codes [B·T, H·D] e4m3, scales [B·T, ceil(H·D/128)] fp32)."""
+    torch._check(att.dim() == 4, lambda: "att must be [B, H, T, D]")
+    B, H, T, D = att.shape
+    M, HD = B * T, H * D
+    G = num_blocks(HD)
+    q = torch.empty((M, HD), dtype=FP8_DTYPE, device=att.device)
+    s = empty_act_scales(M, G, att.device)
+    if M and HD:
+        wrap_triton(_attn_out_quant_kernel)[(triton.cdiv(M, _ROWS), G)](
+            att, q, s, T, HD, D, M, *att.stride(), q.stride(0), s.stride(0), s.stride(1),
+            BLOCK_M=_ROWS, BLOCK_K=BLOCK,
+        )
+    return q, s
+
+
+@_register("dllm_ais::rope", lambda x, cos, sin: x.new_empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3])))
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, D] (any strides; e.g. a view into the fused QKV output), cos, sin [B, T, D/2] fp32
+    -> rotated [B, H, T, D] contiguous in x.dtype."""
+    _check_model_dtype("x", x)
+    torch._check(x.dim() == 4 and x.shape[-1] % 2 == 0, lambda: "x must be [B, T, H, D] with even D")
+    B, T, H, D = x.shape
+    torch._check(cos.shape == (B, T, D // 2) and sin.shape == cos.shape, lambda: "cos, sin must be [B, T, D/2]")
+    out = torch.empty((B, H, T, D), dtype=x.dtype, device=x.device)
+    if out.numel():
+        block_t = 32 if INTERPRET else 16
+        wrap_triton(_rope_kernel)[(B * H, triton.cdiv(T, block_t))](
+            x, cos.contiguous(), sin.contiguous(), out, T, H, D // 2, *x.stride(),
+            BLOCK_T=block_t, BLOCK_HALF=triton.next_power_of_2(D // 2), OUT_BF16=x.dtype == torch.bfloat16,
+        )
+    return out
