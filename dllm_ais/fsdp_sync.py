@@ -18,16 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from dllm_ais.fp8.linear import (
-    QuantizedLinear,
-    _is_linear,
-    _is_lora_layer,
-    _is_peft_root,
-    _linear_layers,
-    _named_tensors,
-    canonical_name,
-    effective_weight,
-)
+from dllm_ais.fp8.linear import sync_weights
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -56,51 +47,9 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
             sub._parameters[name] = p
 
 
-@torch.no_grad()
 def sync_weights_sharded(master: nn.Module, rollout: nn.Module) -> None:
-    """`sync_weights(master, rollout)` for a master whose parameters are DTensor shards, one layer at a time.
-
-    FP8 layers: gather the master layer (weight, bias, LoRA factors), requantise into the rollout buffers in place,
-    drop the gathered copy. Plain rollout linears whose master carries LoRA: the merged weight, gathered the same way.
-    Every other rollout tensor (embeddings, norms, LM head): the master tensor of the same canonical name, gathered
-    one tensor at a time.
-    """
-    from dllm_ais.fp8.fused_llada import FusedLLaDA, sync_fused_llada
-
-    if isinstance(rollout, FusedLLaDA):  # the fused LLaDA copy: each master tensor into its slice, gathered one by one
-        sync_fused_llada(master, rollout, gather=gathered, full=full_tensor)
-        return
-    master_peft, rollout_peft = _is_peft_root(master), _is_peft_root(rollout)
-    master_layers = {canonical_name(n, master_peft): m for n, m in _linear_layers(master).items()}
-    done: list[str] = []
-    for name, layer in rollout.named_modules():
-        if not isinstance(layer, QuantizedLinear):
-            continue
-        source = master_layers.get(canonical_name(name, rollout_peft))
-        if source is None:
-            raise KeyError(f"sync_weights_sharded: the master has no linear layer for the FP8 layer {name!r}")
-        with gathered(source):
-            layer.load_weight_(*effective_weight(source))
-        done.append(name)
-
-    for name, module in _linear_layers(rollout).items():
-        source = master_layers.get(canonical_name(name, rollout_peft))
-        if _is_linear(module) and source is not None and _is_lora_layer(source):
-            with gathered(source):
-                weight, bias = effective_weight(source)
-                module.weight.copy_(weight)
-                if module.bias is not None:
-                    module.bias.copy_(bias)
-            done.append(name)
-
-    master_tensors = {canonical_name(n, master_peft): t for n, t in _named_tensors(master)}
-    done_prefixes = tuple(f"{n}." for n in done)
-    for name, tensor in _named_tensors(rollout):
-        if name.startswith(done_prefixes):
-            continue
-        source = master_tensors.get(canonical_name(name, rollout_peft))
-        if source is None or source.shape != tensor.shape:  # a DTensor's shape is the full (global) shape
-            found = "nothing" if source is None else f"shape {tuple(source.shape)}"
-            raise KeyError(f"sync_weights_sharded: rollout tensor {name!r} {tuple(tensor.shape)} has no master "
-                           f"counterpart (found {found})")
-        tensor.copy_(full_tensor(source.detach()))
+    """`sync_weights(master, rollout)` for a master whose parameters are DTensor shards, one layer at a time: each
+    master layer (weight, bias, LoRA factors) is gathered while it is requantised into the rollout buffers (or its
+    merged weight copied into a plain rollout linear) and dropped after; every other rollout tensor (embeddings, norms,
+    LM head) is gathered one tensor at a time. The fused LLaDA copy is filled slice by slice the same way."""
+    sync_weights(master, rollout, gather=gathered, full=full_tensor)

@@ -48,6 +48,7 @@ layer factory, and sync_weights refills every QuantizedLinear (FP8Linear, FP4Lin
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -734,7 +735,8 @@ def quantized_copy(
 
 
 @torch.no_grad()
-def sync_weights(master: nn.Module, rollout: nn.Module) -> None:
+def sync_weights(master: nn.Module, rollout: nn.Module, gather: Callable | None = None,
+                 full: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
     """Copy the BF16 master's current weights into the FP8 (or FP4) rollout copy, in place (no buffer is reallocated).
 
     Each QuantizedLinear (FP8Linear, FP4Linear) of `rollout` is requantised from the master's linear of the same
@@ -743,10 +745,16 @@ def sync_weights(master: nn.Module, rollout: nn.Module) -> None:
     of `rollout` (embeddings, norms, LM head, excluded linears) is copy_'d from the master tensor of the same
     canonical name. A fused LLaDA rollout copy (fp8/fused_llada.py) has each master tensor requantised into its slice
     of the fused buffers instead.
+
+    `gather(module)` and `full(tensor)` serve a sharded master (FSDP2, dllm_ais/fsdp_sync.py): a context manager that
+    makes one master layer's parameters whole while it is read, and the whole of one sharded tensor. Default: the
+    master is not sharded.
     """
+    gather = gather or contextlib.nullcontext
+    full = full or (lambda t: t)
     fused = sys.modules.get(f"{__package__}.fused_llada")
     if fused is not None and isinstance(rollout, fused.FusedLLaDA):
-        fused.sync_fused_llada(master, rollout)
+        fused.sync_fused_llada(master, rollout, gather=gather, full=full)
         return
     master_peft, rollout_peft = _is_peft_root(master), _is_peft_root(rollout)
     master_layers = {canonical_name(n, master_peft): m for n, m in _linear_layers(master).items()}
@@ -755,17 +763,20 @@ def sync_weights(master: nn.Module, rollout: nn.Module) -> None:
     if missing:
         raise KeyError(f"sync_weights: the master has no linear layer for these FP8 layers of the rollout: {missing}")
     for name, layer in fp8_layers.items():
-        layer.load_weight_(*effective_weight(master_layers[canonical_name(name, rollout_peft)]))
+        source = master_layers[canonical_name(name, rollout_peft)]
+        with gather(source):
+            layer.load_weight_(*effective_weight(source))
     done = list(fp8_layers)
 
     # a plain BF16 linear of the rollout (e.g. the LM head) whose master counterpart carries LoRA: copy the merge
     for name, module in _linear_layers(rollout).items():
         source = master_layers.get(canonical_name(name, rollout_peft))
         if _is_linear(module) and source is not None and _is_lora_layer(source):
-            weight, bias = effective_weight(source)
-            module.weight.copy_(weight)
-            if module.bias is not None:
-                module.bias.copy_(bias)
+            with gather(source):
+                weight, bias = effective_weight(source)
+                module.weight.copy_(weight)
+                if module.bias is not None:
+                    module.bias.copy_(bias)
             done.append(name)
 
     # everything else (embeddings, norms, plain linears, a rollout's own LoRA adapters): by canonical name
@@ -775,9 +786,9 @@ def sync_weights(master: nn.Module, rollout: nn.Module) -> None:
         if name.startswith(done_prefixes):
             continue
         source = master_tensors.get(canonical_name(name, rollout_peft))
-        if source is None or source.shape != tensor.shape:
+        if source is None or source.shape != tensor.shape:  # a DTensor's shape is the full (global) shape
             found = "nothing" if source is None else f"shape {tuple(source.shape)}"
             raise KeyError(
                 f"sync_weights: rollout tensor {name!r} {tuple(tensor.shape)} has no master counterpart (found {found})"
             )
-        tensor.copy_(source)
+        tensor.copy_(full(source.detach()))
