@@ -80,11 +80,7 @@ class FP4Linear(QuantizedLinear):
     @torch.no_grad()
     def load_weight_(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """Requantise weight [N, K] (and copy bias [N]) into the existing buffers, in place."""
-        if tuple(weight.shape) != (self.out_features, self.in_features):
-            expected = (self.out_features, self.in_features)
-            raise ValueError(f"weight must have shape {expected}, got {tuple(weight.shape)}")
-        if (bias is None) != (self.bias is None):
-            raise ValueError(f"bias mismatch: layer has bias={self.bias is not None}, got bias={bias is not None}")
+        self._check_weight(weight, bias)
         self.weight_dq.copy_(FORMATS[self.fmt].fake_weight(weight.detach().to(self.weight_dq.device)))
         if bias is not None:
             self.bias.copy_(bias)

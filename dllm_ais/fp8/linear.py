@@ -450,8 +450,20 @@ class QuantizedLinear(nn.Module):
     """Base of the rollout copy's low-precision linears (FP8Linear here, dllm_ais.fp4's FP4Linear): sync_weights finds
     them by this type and refills each with `load_weight_(weight, bias)`."""
 
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None
+
     def load_weight_(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         raise NotImplementedError
+
+    def _check_weight(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Raise ValueError unless weight is [out_features, in_features] and bias matches the layer's."""
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            expected = (self.out_features, self.in_features)
+            raise ValueError(f"weight must have shape {expected}, got {tuple(weight.shape)}")
+        if (bias is None) != (self.bias is None):
+            raise ValueError(f"bias mismatch: layer has bias={self.bias is not None}, got bias={bias is not None}")
 
 
 class FP8Linear(QuantizedLinear):
@@ -504,12 +516,8 @@ class FP8Linear(QuantizedLinear):
     @torch.no_grad()
     def load_weight_(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """Requantise weight [N, K] (and copy bias [N]) into the existing buffers, in place."""
-        if tuple(weight.shape) != (self.out_features, self.in_features):
-            expected = (self.out_features, self.in_features)
-            raise ValueError(f"weight must have shape {expected}, got {tuple(weight.shape)}")
+        self._check_weight(weight, bias)
         _QUANTIZE_INTO[self.scheme](weight.detach().to(self.weight_q.device), self.weight_q, self.weight_scale)
-        if (bias is None) != (self.bias is None):
-            raise ValueError(f"bias mismatch: layer has bias={self.bias is not None}, got bias={bias is not None}")
         if bias is not None:
             self.bias.copy_(bias)
 
