@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from dllm_ais.correction import CorrectionOutput, correct
+from dllm_ais.mismatch_stats import rollout_diagnostics
 from dllm_ais.rl_config import CorrectionConfig
 
 
@@ -64,6 +65,15 @@ def correct_global(acc, log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tens
     if omega.dim() == 2:
         omega = omega[:, : mask.shape[1]]  # [B, L]: drop the padding added for longer ranks
     return replace(out, omega=omega)
+
+
+def rollout_diagnostics_global(acc, logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor,
+                               clamp: float = 20.0) -> dict[str, torch.Tensor]:
+    """`mismatch_stats.rollout_diagnostics` over the rows of every process (identical on every rank), so that the
+    token-weighted ones (χ², KL, k3 per token) are the global batch's token means, not a mean of per-process means.
+    logp_old, logp_rollout: [B, L], mask: [B, L] bool — this process's rows."""
+    (g_old, g_roll, g_mask), _ = gather_rows(acc, logp_old, logp_rollout, mask)
+    return rollout_diagnostics(g_old, g_roll, g_mask, clamp)
 
 
 def global_sum(acc, x: torch.Tensor) -> torch.Tensor:

@@ -22,11 +22,11 @@ from dllm_ais.advantages import group_advantages
 from dllm_ais.backend import Backend
 from dllm_ais.config import Preset
 from dllm_ais.correction import CorrectionOutput
-from dllm_ais.distributed import correct_global, global_sum
+from dllm_ais.distributed import correct_global, gather_rows, global_sum, rollout_diagnostics_global
 from dllm_ais.error_tokens import error_keep, repeated_ngram_fraction
 from dllm_ais.grpo import grpo_loss
 from dllm_ais.master_weights import MasterWeights
-from dllm_ais.mismatch_stats import k1, masked_mean, rollout_diagnostics
+from dllm_ais.mismatch_stats import k1, masked_mean
 from dllm_ais.models.load import encode_prompts
 from dllm_ais.rewards import RewardSet, StepSkipped, TrainerState
 from dllm_ais.run_dir import RunDir
@@ -229,15 +229,16 @@ class Trainer:
                                                                   self.acc.device), "sequence")
             else:  # token / geometric: the per-token log-ratios (LLaDA: one-step estimator, same masks as π_old)
                 log_w = token_log_w
-            diag = rollout_diagnostics(logp_old, logp_roll, mask, cc.log_w_clamp)
+            diag = rollout_diagnostics_global(self.acc, logp_old, logp_roll, mask, cc.log_w_clamp)  # global batch
             metrics = {M.DIAGNOSTIC_NAMES[k]: float(v) for k, v in diag.items()}
             if cc.train_forward == "aligned":  # what alignment removed: the plain forward on the same rollouts
                 plain = backend.token_logp(self.master, rollout, seed)
-                metrics[M.MISMATCH_KL_TOKEN_BF16] = float(masked_mean(k1(plain.double() - logp_roll.double()), mask))
+                (g_plain, g_roll, g_mask), _ = gather_rows(self.acc, plain, logp_roll, mask)  # global batch
+                metrics[M.MISMATCH_KL_TOKEN_BF16] = float(masked_mean(k1(g_plain.double() - g_roll.double()), g_mask))
                 if cc.correction_level == "sequence":  # same mask draws (same generator seed) as the aligned ℓ
                     plain_lw = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
                         self.tc.seed, self.step, "mismatch", self.acc.device), "sequence")  # [B]
-                    lengths = mask.sum(-1)
+                    (plain_lw, lengths), _ = gather_rows(self.acc, plain_lw, mask.sum(-1))
                     metrics[M.MISMATCH_KL_BF16] = float(masked_mean(-plain_lw / lengths.clamp(min=1), lengths > 0))
         # over the rows of every process: λ is the global batch's, identical on every rank
         corr = correct_global(self.acc, log_w, adv, mask, cc, prev_lam=self.prev_lam, token_log_w=token_log_w)
