@@ -183,6 +183,9 @@ class Preset:
     """FP8 mismatch correction (AIS by default)."""
 
     def __post_init__(self):
+        if self.correction.train_forward == "aligned" and self.train.rollout_precision != "fp8":
+            raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
+                             "it needs --rollout-precision fp8 (or use --train-forward bf16).")
         if self.grpo.max_completion_length < self.sampler.gen_length:
             object.__setattr__(self, "grpo", replace(self.grpo, max_completion_length=self.sampler.gen_length))
 

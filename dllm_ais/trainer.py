@@ -152,9 +152,7 @@ class Trainer:
         self.ref_model = None
         if preset.grpo.beta > 0 and not self._is_peft():
             self.ref_model = copy.deepcopy(self.master).eval().requires_grad_(False)
-        if preset.correction.train_forward == "aligned" and self.tc.rollout_precision != "fp8":
-            raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
-                             "it needs --rollout-precision fp8 (or use --train-forward bf16).")
+        # (--train-forward aligned without FP8 rollouts is refused by Preset, before anything is created)
         if not rollout_first:
             self.rollout_model = self._make_rollout_model()
         self.step = 0

@@ -46,6 +46,17 @@ def test_bad_model_leaves_nothing_behind_and_names_the_flag(tmp_path):
     assert rc == 2 and "--steps -1 must be >= 1" in err and "TrainConfig" not in err
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp4"])
+def test_aligned_forward_without_fp8_rollouts_fails_before_anything_is_created(tmp_path, precision):
+    """Was refused in Trainer.__init__, after the run directory, config.json and the SFT warm-up existed (so the
+    corrected command then hit 'already holds a run' and --resume reused the bad config)."""
+    out = tmp_path / "run"
+    rc, err, torch_imported = _run_cli_light(["train", "--train-forward", "aligned", "--rollout-precision", precision,
+                                              "--out", str(out)])
+    assert rc == 2 and "--rollout-precision fp8" in err and len(err.strip().splitlines()) == 1, err
+    assert not torch_imported and not out.exists()
+
+
 def test_library_run_training_checks_the_model_before_creating_the_run(tmp_path):
     from dllm_ais.train_job import run_training
 
