@@ -43,6 +43,12 @@ class MasterWeights:
             m.grad = None if p.grad is None else p.grad.float()
 
     @torch.no_grad()
+    def model_to_master(self) -> None:
+        """Re-copy the parameters into the masters (after DDP's initial broadcast changed other ranks' parameters)."""
+        for p, m in self._pairs():
+            m.copy_(p)
+
+    @torch.no_grad()
     def master_to_model(self) -> None:
         """Round the masters into the model's parameters (in place)."""
         for p, m in self._pairs():

@@ -148,6 +148,8 @@ class Trainer:
             self.rollout_model = self._make_rollout_model()
         # The scheduler stays unprepared: accelerate would step it once per process per update.
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
+        if self.master_weights is not None:  # DDP broadcast rank 0's parameters in prepare: the masters follow
+            self.master_weights.model_to_master()
         self._zero_grad()
         self.ref_model = None
         if preset.grpo.beta > 0 and not self._is_peft():

@@ -50,3 +50,16 @@ def test_fp32_parameters_are_their_own_master_and_state_round_trips():
     other = MasterWeights([full, torch.nn.Parameter(half.detach().clone())])
     other.load_state_dict(saved)
     assert torch.equal(other.master[1], saved[0]) and torch.equal(other.params[1], saved[0].bfloat16())
+
+
+def test_model_to_master_follows_parameters_changed_outside_the_optimizer():
+    """DDP's initial broadcast overwrites other ranks' parameters in prepare(): the fp32 masters must follow, or the
+    first master_to_model() would bring back the rank's own pre-broadcast weights."""
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    mw = MasterWeights([p])
+    with torch.no_grad():
+        p.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))  # what a broadcast from rank 0 does
+    mw.model_to_master()
+    mw.master_to_model()
+    assert torch.equal(mw.master[0], torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert torch.equal(p.detach().float(), torch.tensor([1.0, 2.0, 3.0, 4.0]))
