@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--out", default=None, help="run directory (default runs/<preset>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--task", default=None, help="task: arith, gsm8k, math500, countdown, sudoku")
+    p.add_argument("--task", default=None, help="task: digits, arith, gsm8k, math500, countdown, sudoku")
     p.add_argument("--data", default=None, help="local jsonl/parquet training file for the task")
     p.add_argument("--reward-fn", default=None, help="TRL-style reward function 'package.module:function'")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps")

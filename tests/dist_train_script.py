@@ -37,7 +37,7 @@ def hash_reward(prompts: list[str], completions: list[str], **columns) -> list[f
 
 
 def small_preset(steps: int, sft_steps: int):
-    """tiny-cpu shrunk to seconds: 2 prompts x 2 generations per process, 4-token completions, 2 mask draws."""
+    """tiny-cpu shrunk to seconds: 2 prompts x 2 generations per process, 5-token completions, 2 mask draws."""
     from dllm_ais.config import get_preset
 
     p = get_preset("tiny-cpu")

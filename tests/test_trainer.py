@@ -18,7 +18,7 @@ TIMING_KEYS = ("time/", "rollout/tokens_per_s")
 
 
 def small_preset(**train):
-    """tiny-cpu shrunk to seconds: 2 prompts x 4 generations, 4-token completions, a few SFT steps."""
+    """tiny-cpu shrunk to seconds: 2 prompts x 4 generations, 5-token completions, a few SFT steps."""
     p = get_preset("tiny-cpu")
     fields = dict(steps=3, prompts_per_step=2, sft_steps=3, sft_batch_size=8, mismatch_num_draws=2)
     fields.update(train)
