@@ -6,7 +6,7 @@ about 9,000 train and 1,032 held-out problems (``procedural.split_of`` on the pr
 differences. The model cannot memorise its way to the test split.
 
 Rows: ``prompt`` like ``"3817>"`` (the digits, then ``>``; no instruction, no chat template), ``answer`` like
-``"7183"`` (``op="reverse"``) or ``"1378"`` (``op="sort"``), and ``digits`` (the input string). Leading zeros are part
+``"7183"`` (``op="reverse"``), ``"1378"`` (``op="sort"``) or ``"4928"`` (``op="shift"``), and ``digits`` (the input string). Leading zeros are part
 of the string (``"0042>"`` reverses to ``"2400"``). Data: seeded generator (default) or a local jsonl/parquet file
 with a ``digits`` column. ``sft_pairs(n, seed)`` gives (prompt, completion) pairs from the train split.
 
@@ -30,7 +30,7 @@ from .procedural import generate_rows, split_of, split_rng
 
 NAME = "digits"
 DEFAULT_SIZE = {"train": 5_000, "test": 1_000}
-OPS = ("reverse", "sort")
+OPS = ("reverse", "sort", "shift")
 _LEADING_DIGITS = re.compile(r"\s*(\d*)")
 
 
@@ -39,7 +39,8 @@ class DigitsConfig:
     """Which transform and how long the digit strings are."""
 
     op: str = "reverse"
-    """The transform: ``reverse`` (read the string backwards) or ``sort`` (digits in ascending order)."""
+    """The transform: ``reverse`` (read the string backwards), ``sort`` (digits in ascending order) or ``shift``
+    (each digit plus one, 9 -> 0: position i of the answer depends on position i of the prompt only)."""
     length: int = 4
     """Digits per problem (4: 10,000 strings, ~1,030 of them held out; the completion needs ``length`` tokens)."""
 
@@ -52,7 +53,11 @@ class DigitsConfig:
 
 def transform(digits: str, op: str) -> str:
     """The gold answer for ``digits`` under ``op``."""
-    return digits[::-1] if op == "reverse" else "".join(sorted(digits))
+    if op == "reverse":
+        return digits[::-1]
+    if op == "sort":
+        return "".join(sorted(digits))
+    return "".join(str((int(d) + 1) % 10) for d in digits)
 
 
 def build_prompt(row: dict[str, Any]) -> str:

@@ -28,6 +28,10 @@ def test_reward_cases(completion, expected):
     assert digits.reward(["3817>"], [completion], answer=["7183"]) == [pytest.approx(expected)]
 
 
+def test_shift_wraps_nine_to_zero():
+    assert digits.transform("0918", "shift") == "1029" and digits.transform("9999", "shift") == "0000"
+
+
 def test_accuracy_is_strict():
     comps = ["7183", "7180", "71830", ""]
     assert digits.accuracy(["3817>"] * 4, comps, answer=["7183"] * 4) == [1.0, 0.0, 0.0, 0.0]
@@ -42,7 +46,9 @@ def test_rows_are_correct_and_seeded(op):
     for row in rows:
         d = row["digits"]
         assert row["prompt"] == f"{d}>" and len(d) == 4 and d.isdigit()
-        assert row["answer"] == (d[::-1] if op == "reverse" else "".join(sorted(d)))
+        expected = {"reverse": d[::-1], "sort": "".join(sorted(d)),
+                    "shift": "".join("1234567890"[int(c)] for c in d)}[op]
+        assert row["answer"] == expected
         assert digits.reward([row["prompt"]], [row["answer"]], answer=[row["answer"]]) == [1.0]
 
 
