@@ -1,19 +1,20 @@
-"""``digits``: transform a short digit string (reverse or sort) — a large problem space with a shaped reward.
+"""``digits``: transform a short digit string (shift, reverse, sort) — a large problem space with a shaped reward.
 
-Made for the tiny (~0.4M-parameter, character-level) LLaDA on CPU: the structure is positional, so a weak SFT
-warm-up teaches part of it and RL has a dense signal to climb, and with ``length=4`` the 10,000 strings split into
-about 9,000 train and 1,032 held-out problems (``procedural.split_of`` on the prompt), enough to see 5-point accuracy
-differences. The model cannot memorise its way to the test split.
+Made for the tiny (~0.4M-parameter, character-level) LLaDA on CPU: a weak SFT warm-up teaches part of the structure
+and RL has a dense signal to climb, and with ``length=4`` the 10,000 strings split into about 9,000 train and 1,032
+held-out problems (``procedural.split_of`` on the prompt), enough to see 5-point accuracy differences; the model
+cannot memorise its way to the test split.
 
 Rows: ``prompt`` like ``"3817>"`` (the digits, then ``>``; no instruction, no chat template), ``answer`` like
-``"7183"`` (``op="reverse"``), ``"1378"`` (``op="sort"``) or ``"4928"`` (``op="shift"``), and ``digits`` (the input string). Leading zeros are part
-of the string (``"0042>"`` reverses to ``"2400"``). Data: seeded generator (default) or a local jsonl/parquet file
-with a ``digits`` column. ``sft_pairs(n, seed)`` gives (prompt, completion) pairs from the train split.
+``"4928"`` (``op="shift"``: each digit + 1, 9 -> 0), ``"7183"`` (``op="reverse"``) or ``"1378"`` (``op="sort"``),
+and ``digits`` (the input string). Leading zeros are part of the string (``"0042>"`` reverses to ``"2400"``).
+Data: seeded generator (default) or a local jsonl/parquet file with a ``digits`` column. ``sft_pairs(n, seed)``
+gives (prompt, completion) pairs from the train split.
 
 Reward (shaped, partial credit): strip leading whitespace, read the leading run of digits ``d``; the score is the
 number of positions ``i < len(answer)`` with ``d[i] == answer[i]``, divided by ``max(len(answer), len(d))`` (extra
-digits cost credit). It is 1.0 exactly when ``d == answer``; ``accuracy`` is that strict 0/1 metric (evaluation's
-``full_reward_frac``).
+digits cost credit: four right digits and a fifth one score 0.8). It is 1.0 exactly when ``d == answer``;
+``accuracy`` is that strict 0/1 metric (evaluation's ``full_reward_frac``).
 """
 
 from __future__ import annotations
