@@ -45,7 +45,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     preset = get_preset(args.preset)
     model_cfg = override(preset.model, path=args.model, device=args.device, dtype=args.dtype, seed=args.seed)
-    sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=args.block_length,
+    block_length = args.block_length
+    if block_length is None and args.gen_length and preset.sampler.block_length == preset.sampler.gen_length:
+        block_length = args.gen_length  # a one-block preset (tiny-cpu) stays one block at another length
+    sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale)
     model, tokenizer = family(model_cfg.family).load(model_cfg)
