@@ -93,7 +93,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
             print(f"note: no --model or --run: sampling the UNTRAINED tiny built-in model (random weights, seed "
                   f"{model_cfg.seed}), so the text is gibberish. Pass --run RUN_DIR (its latest checkpoint), --model "
                   "RUN_DIR/checkpoints/step-N, or --model CHECKPOINT_DIR.", file=sys.stderr)
-    sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=args.block_length,
+    block_length = args.block_length
+    if block_length is None and args.gen_length and preset.sampler.block_length == preset.sampler.gen_length:
+        block_length = args.gen_length  # a one-block preset (tiny-cpu) stays one block at another length
+    sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale)
     if args.fp8 and args.fp4:
@@ -279,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--out", default=None, help="run directory (default runs/<preset>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--task", default=None, help="task: arith, gsm8k, math500, countdown, sudoku")
+    p.add_argument("--task", default=None, help="task: digits, arith, gsm8k, math500, countdown, sudoku")
     p.add_argument("--data", default=None, help="local jsonl/parquet training file for the task")
     p.add_argument("--reward-fn", action="append", default=None, metavar="MODULE:FUNCTION",
                    help="TRL reward function 'package.module:function', called as TRL calls it (keyword "

@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from . import arith, countdown, gsm8k, math500, sudoku
+from . import arith, countdown, digits, gsm8k, math500, sudoku
 from .base import RewardFn, Task
 
-TASKS: dict[str, Task] = {t.name: t for t in (gsm8k.TASK, math500.TASK, countdown.TASK, sudoku.TASK, arith.TASK)}
+TASKS: dict[str, Task] = {t.name: t for t in (gsm8k.TASK, math500.TASK, countdown.TASK, sudoku.TASK, arith.TASK,
+                                            digits.TASK)}
 """Every built-in task by name."""
 
 

@@ -44,7 +44,7 @@ def hash_reward(prompts: list[str], completions: list[str], **columns) -> list[f
 
 
 def small_preset(steps: int, sft_steps: int, prompts_per_step: int = 2):
-    """tiny-cpu shrunk to seconds: 2 prompts x 2 generations per process, 4-token completions, 2 mask draws, 2
+    """tiny-cpu shrunk to seconds: 2 prompts x 2 generations per process, 5-token completions, 2 mask draws, 2
     micro-batches per update, λ smoothed by an EMA (its state must survive a resume), dapo (normalised by the global
     token count). p_mask_prompt = 0: the one-step log-probs of a row then do not depend on the other rows of its
     process's batch (the prompt-mask draw covers the whole local batch), so one process can reproduce them."""

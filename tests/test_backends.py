@@ -102,7 +102,7 @@ def test_eval_runs_for_both_families(tmp_path):
                     grpo=replace(p.grpo, num_generations=2))
         run_training(p, out, progress=False)
         loaded = load_for_eval(run_dir=out)
-        scores = evaluate(loaded.model, loaded.tokenizer, "arith", p.sampler, limit=4, out_dir=tmp_path / "e",
+        scores = evaluate(loaded.model, loaded.tokenizer, p.train.task, p.sampler, limit=4, out_dir=tmp_path / "e",
                           task_config=p.train.task_config, family=p.model.family)
         rows = [json.loads(line) for line in (tmp_path / "e" / "generations.jsonl").read_text().splitlines()]
         assert scores["n"] == 4 == len(rows)

@@ -185,8 +185,8 @@ def test_cmd_eval_writes_one_subdir_per_gen_length(model, tokenizer, tmp_path, c
                               "--out", str(tmp_path / "out")])
     assert cmd_eval(args) == 0
     out = capsys.readouterr().out
-    assert "accuracy" in out and "arith" in out
+    assert "accuracy" in out and "digits" in out  # the default preset's task
     for L in (4, 8):
-        scores = json.loads((tmp_path / "out" / f"arith-test-gen{L}" / "scores.json").read_text())
+        scores = json.loads((tmp_path / "out" / f"digits-test-gen{L}" / "scores.json").read_text())
         assert scores["gen_length"] == L and scores["n"] == 4 and scores["model"] == str(tmp_path / "m")
-        assert len(_read_jsonl(tmp_path / "out" / f"arith-test-gen{L}" / "generations.jsonl")) == 4
+        assert len(_read_jsonl(tmp_path / "out" / f"digits-test-gen{L}" / "generations.jsonl")) == 4

@@ -24,7 +24,7 @@ def _rows(task: Task) -> list[dict]:
 
 
 def test_registry_holds_every_builtin_task():
-    assert set(TASKS) == {"gsm8k", "math500", "countdown", "sudoku", "arith"}
+    assert set(TASKS) == {"gsm8k", "math500", "countdown", "sudoku", "arith", "digits"}
     for name, task in TASKS.items():
         assert isinstance(task, Task) and task.name == name and get_task(name) is task
         assert task.answer_columns and task.description
@@ -32,7 +32,7 @@ def test_registry_holds_every_builtin_task():
 
 
 def test_unknown_task_error_lists_known_names():
-    with pytest.raises(KeyError, match="unknown task 'gsm9k'.*arith, countdown, gsm8k, math500, sudoku"):
+    with pytest.raises(KeyError, match="unknown task 'gsm9k'.*arith, countdown, digits, gsm8k, math500, sudoku"):
         get_task("gsm9k")
 
 

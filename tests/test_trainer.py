@@ -18,7 +18,7 @@ TIMING_KEYS = ("time/", "rollout/tokens_per_s")
 
 
 def small_preset(**train):
-    """tiny-cpu shrunk to seconds: 2 prompts x 4 generations, 4-token completions, a few SFT steps."""
+    """tiny-cpu shrunk to seconds: 2 prompts x 4 generations, 5-token completions, a few SFT steps."""
     p = get_preset("tiny-cpu")
     fields = dict(steps=3, prompts_per_step=2, sft_steps=3, sft_batch_size=8, mismatch_num_draws=2)
     fields.update(train)
@@ -157,8 +157,8 @@ def test_bad_input_errors(tmp_path):
         run_training(small_preset(steps=1), tmp_path / "b", progress=False)
     assert (tmp_path / "b" / "metrics.jsonl").read_text() == before
     bad = tmp_path / "rows.jsonl"
-    bad.write_text('{"a": 1, "b": 2}\n{"a": 3}\n')
-    with pytest.raises(ValueError, match=r"row 1 has no field 'b'"):
+    bad.write_text('{"digits": "1234"}\n{"a": 3}\n')  # the preset's task (digits) reads a `digits` column
+    with pytest.raises(ValueError, match=r"row 1 has no field 'digits'"):
         run_training(small_preset(data_path=str(bad), task_config={}), tmp_path / "c", progress=False)
     with pytest.raises(FileNotFoundError, match="holds no run"):
         run_training(small_preset(), tmp_path / "d", resume=True, progress=False)
