@@ -152,7 +152,8 @@ def test_eval_takes_a_checkpoint_dir_and_writes_by_default(trained_run, tmp_path
     step1 = trained_run / "checkpoints" / "step-000001"
     assert main(["eval", "--model", str(step1), "--limit", "2", "--gen-length", "8"]) == 0
     assert "step-000001" in capsys.readouterr().out
-    written = list((tmp_path / "evals").glob("arith-strict-*/arith-test-gen8/scores.json"))
+    task = get_preset("tiny-cpu").train.task  # the run's task (the default preset's)
+    written = list((tmp_path / "evals").glob(f"{task}-strict-*/{task}-test-gen8/scores.json"))
     assert len(written) == 1 and json.loads(written[0].read_text())["n"] == 2
 
 
