@@ -20,7 +20,7 @@ from typing import Any
 
 from .base import Task, check_aligned, completion_text
 from .loading import check_limit, read_rows, require
-from .procedural import generate_rows, split_of, split_rng
+from .procedural import generate_rows, sft_pairs_from, split_of
 
 NAME = "arith"
 DEFAULT_SIZE = {"train": 2_000, "test": 200}
@@ -80,14 +80,7 @@ def split_size(split: str, config: ArithConfig = ArithConfig()) -> int:
 
 def sft_pairs(n: int, seed: int = 0, config: ArithConfig = ArithConfig()) -> list[tuple[str, str]]:
     """``n`` (prompt, completion) pairs from the train split for supervised warm-up (drawn with replacement)."""
-    rng = split_rng(f"{NAME}-sft", "train", seed)
-    pairs: list[tuple[str, str]] = []
-    while len(pairs) < n:
-        row = random_problem(rng, config)
-        prompt = build_prompt(row)
-        if split_of(prompt) == "train":
-            pairs.append((prompt, row["answer"]))
-    return pairs
+    return sft_pairs_from(NAME, n, seed, lambda rng: random_problem(rng, config), build_prompt)
 
 
 def score(text: str, answer: str) -> float:

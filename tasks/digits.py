@@ -27,7 +27,7 @@ from typing import Any
 
 from .base import Task, check_aligned, completion_text
 from .loading import check_limit, read_rows, require
-from .procedural import generate_rows, split_of, split_rng
+from .procedural import generate_rows, sft_pairs_from
 
 NAME = "digits"
 DEFAULT_SIZE = {"train": 5_000, "test": 1_000}
@@ -95,14 +95,7 @@ def load(
 
 def sft_pairs(n: int, seed: int = 0, config: DigitsConfig = DigitsConfig()) -> list[tuple[str, str]]:
     """``n`` (prompt, completion) pairs from the train split for supervised warm-up (drawn with replacement)."""
-    rng = split_rng(f"{NAME}-sft", "train", seed)
-    pairs: list[tuple[str, str]] = []
-    while len(pairs) < n:
-        row = random_problem(rng, config)
-        prompt = build_prompt(row)
-        if split_of(prompt) == "train":
-            pairs.append((prompt, row["answer"]))
-    return pairs
+    return sft_pairs_from(NAME, n, seed, lambda rng: random_problem(rng, config), build_prompt)
 
 
 def score(text: str, answer: str) -> float:
@@ -133,5 +126,6 @@ TASK = Task(
     build_prompt=build_prompt,
     answer_columns=("answer",),
     use_chat_template=False,
-    description="Tiny built-in digit-string task ('3817>' -> '7183', partial credit per digit) for CPU models",
+    description="Tiny built-in digit-string task (shift: '3817>' -> '4928'; reverse, sort), partial credit per "
+    "digit, for CPU models",
 )

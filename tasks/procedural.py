@@ -63,3 +63,22 @@ def generate_rows(
             "ask for fewer rows or widen the generator's config"
         )
     return rows
+
+
+def sft_pairs_from(
+    task: str,
+    n: int,
+    seed: int,
+    draw: Callable[[random.Random], dict[str, Any]],
+    build_prompt: Callable[[dict[str, Any]], str],
+) -> list[tuple[str, str]]:
+    """``n`` (prompt, answer) pairs of train-split problems for a supervised warm-up, drawn with replacement by
+    ``draw(rng)`` (a row with an ``answer``) from the task's own "<task>-sft" stream."""
+    rng = split_rng(f"{task}-sft", "train", seed)
+    pairs: list[tuple[str, str]] = []
+    while len(pairs) < n:
+        row = draw(rng)
+        prompt = build_prompt(row)
+        if split_of(prompt) == "train":
+            pairs.append((prompt, row["answer"]))
+    return pairs
