@@ -113,7 +113,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         from dllm_ais.fp8.fused_llada import build_fused_llada
 
         model = build_fused_llada(model, None)
-    prompts = args.prompt or (TINY_PROMPTS if model_cfg.path is None else ["What is 12 * 7? Think step by step."])
+    prompts = args.prompt or _default_prompts(preset, model_cfg)
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
     backend = family(model_cfg.family).backend(sampler_cfg, model, tokenizer)
@@ -122,6 +122,21 @@ def cmd_sample(args: argparse.Namespace) -> int:
         text = tokenizer.decode(comp[keep], skip_special_tokens=True)
         print(f"### {prompt}\n{text}\n")
     return 0
+
+
+def _default_prompts(preset, model_cfg) -> list[str]:
+    """Prompts when none are given: for a tiny built-in model the first test-split prompts of its preset's task (what
+    it was trained on: `digits` for tiny-cpu), else a generic question."""
+    if model_cfg.path is not None:
+        return ["What is 12 * 7? Think step by step."]
+    from dllm_ais.evaluate import _load_rows
+    from dllm_ais.tasks.registry import get_task
+
+    try:
+        rows = _load_rows(get_task(preset.train.task), "test", preset.train.data_path, 3, 0, preset.train.task_config)
+    except (OSError, ValueError, KeyError, ImportError):  # a hub task offline, a missing file: generic prompts
+        return TINY_PROMPTS
+    return [row["prompt"] for row in rows]
 
 
 def _floats(flag: str, value: str | None) -> list[float] | None:

@@ -13,6 +13,19 @@ def test_sample_prints_one_block_per_prompt(capsys):
     assert out.count("### ") == 2 and "### 1+1=" in out and "### 2+2=" in out
 
 
+def test_sample_without_prompts_uses_the_presets_task(capsys):
+    """The tiny model is trained on its preset's task, so `sample` with no --prompt shows that task's test prompts."""
+    from dllm_ais.config import get_preset
+    from dllm_ais.evaluate import _load_rows
+    from dllm_ais.tasks.registry import get_task
+
+    train = get_preset("tiny-cpu").train
+    expected = [r["prompt"] for r in _load_rows(get_task(train.task), "test", None, 3, 0, train.task_config)]
+    assert main(["sample", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert [line[4:] for line in out.splitlines() if line.startswith("### ")] == expected
+
+
 def test_bad_preset_and_config_give_clear_errors(capsys):
     assert main(["sample", "--preset", "nope"]) == 2
     assert "known presets: tiny-cpu" in capsys.readouterr().err
