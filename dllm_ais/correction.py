@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_ais.mismatch_stats import reject_keep
+from dllm_ais.mismatch_stats import k3, masked_mean, reject_keep
 from dllm_ais.rl_config import CorrectionConfig
 
 VAR_EPS = 1e-12
@@ -39,12 +39,6 @@ VAR_EPS = 1e-12
 
 
 # ---------------------------------------------------------------------------------------------------------- helpers
-
-def masked_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Mean of x over valid entries (any shape, broadcast); 0 when nothing is valid. Invalid x may be NaN."""
-    n = valid.sum()
-    return torch.where(valid, x, 0).sum() / n.clamp(min=1)
-
 
 def masked_var(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Population variance (divide by n) of x over valid entries; 0 when nothing is valid."""
@@ -352,7 +346,7 @@ def correct(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Cor
         log_w_min=_masked_extreme(lw, valid, largest=False),
         log_w_max=_masked_extreme(lw, valid, largest=True),
         mismatch_kl=masked_mean(-per_token_lw, valid),
-        mismatch_k3=masked_mean((torch.expm1(lw) - lw) / per_len, valid),  # w − 1 − ℓ̂ without cancellation
+        mismatch_k3=masked_mean(k3(lw) / per_len, valid),  # w − 1 − ℓ̂ without cancellation
         frac_above=masked_mean((w > hi).to(dtype), valid),
         frac_below=masked_mean((w < lo).to(dtype), valid),
         reject_frac=reject_frac,
