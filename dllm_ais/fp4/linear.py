@@ -59,6 +59,8 @@ class FP4Linear(QuantizedLinear):
     None. The output has the input's dtype.
     """
 
+    keep_dtype = ("weight_dq", "bias")  # FP4 values times fp32 scales, held exactly: model.to(dtype) keeps fp32
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False, *, fmt: str = "nvfp4",
                  device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -94,17 +96,6 @@ class FP4Linear(QuantizedLinear):
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-    def _apply(self, fn: Callable, recurse: bool = True) -> FP4Linear:
-        """Like nn.Module._apply, but model.to(dtype) / .bfloat16() never cast the fp32 buffers (they hold FP4 values
-        times fp32 scales exactly); devices still move."""
-        for name, buf in self._buffers.items():
-            if buf is not None:
-                moved = fn(buf)
-                if moved.dtype != buf.dtype:
-                    moved = buf.to(moved.device)
-                self._buffers[name] = moved
-        return self
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

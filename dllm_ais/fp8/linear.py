@@ -454,8 +454,21 @@ class QuantizedLinear(nn.Module):
     out_features: int
     bias: torch.Tensor | None
 
+    keep_dtype: tuple[str, ...] = ()
+    """Buffers that model.to(dtype) / .half() / .bfloat16() must not cast (they hold quantised values exactly)."""
+
     def load_weight_(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         raise NotImplementedError
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> QuantizedLinear:
+        """Like nn.Module._apply, but the `keep_dtype` buffers keep their dtype (devices still move)."""
+        for name, buf in self._buffers.items():
+            if buf is not None:
+                moved = fn(buf)
+                if name in self.keep_dtype and moved.dtype != buf.dtype:
+                    moved = buf.to(moved.device)
+                self._buffers[name] = moved
+        return self
 
     def _check_weight(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         """Raise ValueError unless weight is [out_features, in_features] and bias matches the layer's."""
@@ -472,6 +485,8 @@ class FP8Linear(QuantizedLinear):
     Buffers: weight_q [N, K] float8_e4m3fn; weight_scale [ceil(N/128), ceil(K/128)] fp32 ("block" backends) or
     [N, 1] fp32 ("scaled_mm"); bias [N] bf16 or None. The output has the input's dtype.
     """
+
+    keep_dtype = ("weight_q", "weight_scale")  # float8 counts as floating point to torch; the bias follows a cast
 
     def __init__(
         self,
@@ -550,17 +565,6 @@ class FP8Linear(QuantizedLinear):
         if self.bias is not None:
             y = y.float() + self.bias.float()
         return y.to(dtype)
-
-    def _apply(self, fn: Callable, recurse: bool = True) -> FP8Linear:
-        """Like nn.Module._apply, but model.to(dtype) / .half() / .bfloat16() never cast the codes or the scales
-        (float8 counts as floating point to torch); devices still move. The bias follows the cast."""
-        for name, buf in self._buffers.items():
-            if buf is not None:
-                moved = fn(buf)
-                if name in ("weight_q", "weight_scale") and moved.dtype != buf.dtype:
-                    moved = buf.to(moved.device)
-                self._buffers[name] = moved
-        return self
 
     def extra_repr(self) -> str:
         return (
