@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from . import quant
-from .linear import _linear_layers, effective_weight
+from .linear import effective_weight, quantizable_layers
 
 
 def _fq_block_act(x: torch.Tensor) -> torch.Tensor:
@@ -81,10 +81,7 @@ def aligned_linear(module: nn.Module, x: torch.Tensor, scheme: str = "block") ->
 
 def aligned_layers(model: nn.Module) -> dict[str, nn.Module]:
     """The layers quantize_model replaces: every (LoRA-wrapped) nn.Linear except the LM head."""
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    return {name: m for name, m in _linear_layers(model).items()
-            if head is None or (m is not head and getattr(m, "base_layer", None) is not head)}
+    return quantizable_layers(model)
 
 
 @contextlib.contextmanager

@@ -715,6 +715,18 @@ def quantize_model(
     return quantized_copy(model, make, exclude, check)
 
 
+def quantizable_layers(model: nn.Module, exclude: Callable[[str], bool] | None = None) -> dict[str, nn.Module]:
+    """Qualified name -> nn.Linear or LoRA-wrapped nn.Linear that a quantised rollout copy replaces: every one except
+    the module `model.get_output_embeddings()` returns (the LM head, matched by identity) and those whose canonical
+    name satisfies `exclude`."""
+    peft_root = _is_peft_root(model)
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return {name: module for name, module in _linear_layers(model).items()
+            if not (head is not None and (module is head or getattr(module, "base_layer", None) is head))
+            and not (exclude is not None and exclude(canonical_name(name, peft_root)))}
+
+
 @torch.no_grad()
 def quantized_copy(
     model: nn.Module,
@@ -726,18 +738,11 @@ def quantized_copy(
     make_layer(qualified name, linear or LoRA-wrapped linear) — the layer selection quantize_model documents (LM head
     and `exclude`d canonical names kept). `check(canonical name, base nn.Linear)` runs on every target first and may
     raise before anything is copied."""
-    peft_root = _is_peft_root(model)
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    targets: dict[str, nn.Module] = {}
-    for name, module in _linear_layers(model).items():
-        if head is not None and (module is head or getattr(module, "base_layer", None) is head):
-            continue
-        if exclude is not None and exclude(canonical_name(name, peft_root)):
-            continue
-        if check is not None:
+    targets = quantizable_layers(model, exclude)
+    if check is not None:
+        peft_root = _is_peft_root(model)
+        for name, module in targets.items():
             check(canonical_name(name, peft_root), _base_linear(module))
-        targets[name] = module
 
     rollout = copy.deepcopy(model, _copy_memo(model, list(targets)))
     for name, module in targets.items():
