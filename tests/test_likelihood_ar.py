@@ -114,3 +114,21 @@ def test_bad_inputs(qwen):
         token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), temperature=0)
+
+
+def test_proposal_logprobs_excludes_mask_and_applies_temperature():
+    from dllm_ais.likelihood.logprobs import proposal_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 7, generator=g, dtype=torch.float64)
+    tokens = torch.tensor([[0, 1, 2], [3, 5, 6]])
+    mask_id = 4
+    for T in (0.5, 1.0, 2.0):
+        keep = [v for v in range(7) if v != mask_id]
+        ref = (logits[..., keep] / T).log_softmax(-1)  # [2, 3, 6]
+        idx = torch.tensor([keep.index(int(t)) for t in tokens.flatten()]).view(2, 3)
+        want = ref.gather(-1, idx[..., None]).squeeze(-1)
+        torch.testing.assert_close(proposal_logprobs(logits, tokens, T, mask_id), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(proposal_logprobs(logits, tokens, 0.0, mask_id),
+                               proposal_logprobs(logits, tokens, 1.0, mask_id), rtol=0, atol=0)
+    assert proposal_logprobs(logits, torch.full_like(tokens, mask_id), 1.0, mask_id).isinf().all()

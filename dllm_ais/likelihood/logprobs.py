@@ -86,3 +86,22 @@ def hidden_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor]
                      else _head_chunk_logprobs(*args))
     out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=compute_dtype(flat.dtype))
     return out.view(targets.shape)
+
+
+def proposal_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                      mask_token_id: int) -> torch.Tensor:
+    """log μ(token) under the masked-diffusion sampler's proposal: softmax(logits / T) over the vocabulary with the
+    mask token removed (the sampler never proposes it). T = 0 (greedy) has no density of its own: the untempered
+    softmax (T = 1) is used, and estimators that need a density refuse T = 0.
+
+    logits [..., V] (any float dtype), tokens [...] long -> [...] float32 (float64 for float64 logits). Used both to
+    record log μ while sampling and to replay the same canvases under π_old, so the two sides match by construction.
+    """
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} disagree: logits must be "
+                         "tokens.shape + (V,).")
+    x = logits.to(compute_dtype(logits.dtype))
+    if temperature > 0 and temperature != 1.0:
+        x = x / temperature
+    x = x.index_fill(-1, torch.tensor([mask_token_id], device=x.device), -torch.inf)  # [..., V], a copy
+    return x.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(x, dim=-1)
