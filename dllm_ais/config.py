@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
+CACHE_MODES = ("none", "prefix", "dual")
+MISMATCH_ESTIMATORS = ("elbo", "trajectory")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 FAMILIES = ("llada", "qwen")
 
@@ -57,6 +59,14 @@ class SamplerConfig:
     compile: bool = True
     """On CUDA, run the per-step forward through torch.compile(mode="reduce-overhead"): fused kernels and CUDA graphs
     (a step's shapes are static across the whole rollout). Ignored on CPU. False = eager (no compile time)."""
+    cache: str = "none"
+    """Fast-dLLM block KV cache: `none` (every step a full forward), `prefix` (one refresh forward per block caches
+    K/V before the block; later steps recompute the block and what follows), `dual` (the refresh caches every
+    position; later steps recompute the current block only)."""
+    threshold: float | None = None
+    """Confidence-threshold parallel decoding (Fast-dLLM): each step commits every masked position of the current
+    block whose confidence >= threshold, and at least the most confident one; a block ends when it has no mask left.
+    None = LLaDA's fixed schedule (steps / num_blocks steps per block)."""
 
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
@@ -74,6 +84,10 @@ class SamplerConfig:
             raise ValueError(f"remasking={self.remasking!r}: use one of {', '.join(REMASKING)}.")
         if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale={self.cfg_scale} must be >= 0.")
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"SamplerConfig.cache={self.cache!r}: use one of {', '.join(CACHE_MODES)}.")
+        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"SamplerConfig.threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
 
     @property
     def num_blocks(self) -> int:
@@ -122,6 +136,13 @@ class TrainConfig:
     """FP4 format of an `fp4` rollout copy: nvfp4 (16-blocks, e4m3 + fp32 scales) or mxfp4 (32-blocks, e8m0 scales)."""
     mismatch_num_draws: int = 4
     """K mask draws of the coupled ELBO estimate of ℓ = log π_old − log μ (diffusion backends)."""
+    mismatch_estimator: str = "elbo"
+    """Diffusion backends' sequence log-ratio ℓ: `elbo` (coupled MC-ELBO difference on shared masks; blind to what
+    the sampler does) or `trajectory` (replay of the recorded denoising canvases under π_old: Σ over committed tokens
+    of log π_old − log μ; sees the KV cache and threshold decoding)."""
+    trajectory_steps: int | None = None
+    """`trajectory` estimator: replay only this many denoising steps per sequence, drawn at random and scaled
+    (Horvitz–Thompson, unbiased); None = every step."""
     p_mask_prompt: float = 0.15
     """d1 one-step estimator: probability of masking each prompt token (same mask for θ, π_old and reference)."""
     lora_r: int = 0
@@ -161,6 +182,11 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.p_mask_prompt={self.p_mask_prompt} must be in [0, 1).")
         if self.learning_rate <= 0 or self.sft_learning_rate <= 0:
             raise ValueError("learning rates must be > 0.")
+        if self.mismatch_estimator not in MISMATCH_ESTIMATORS:
+            raise ValueError(f"TrainConfig.mismatch_estimator={self.mismatch_estimator!r}: use one of "
+                             f"{', '.join(MISMATCH_ESTIMATORS)}.")
+        if self.trajectory_steps is not None and self.trajectory_steps < 1:
+            raise ValueError(f"TrainConfig.trajectory_steps={self.trajectory_steps} must be >= 1 (or None: all).")
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,13 @@ class Rollout:
     num_steps: int
     """Number of model forward passes the sampler made (denoising steps; doubled work with CFG is not counted)."""
     logp_rollout: torch.Tensor | None = None
-    """[B, L] float32 per-token log-probs of the sampled tokens under the rollout policy, when the sampler knows
-    them exactly (autoregressive); None for diffusion samplers."""
+    """[B, L] float32 per-token log-probs of the sampled tokens under the rollout policy as the sampler drew them:
+    autoregressive, log μ(y_t | y_<t); diffusion, log μ(y_j | canvas at the step y_j was committed) under the
+    proposal (`likelihood.logprobs.proposal_logprobs`: temperature applied, mask token removed, the KV cache's
+    approximation included). None where the sampler did not record them."""
+    nfe: int | None = None
+    """Model forward calls the sampler made (Fast-dLLM's NFE; a block-refresh forward counts as one; CFG's second
+    forward is not counted). None = num_steps."""
 
     @property
     def sequences(self) -> torch.Tensor:
