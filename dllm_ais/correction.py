@@ -17,8 +17,11 @@ over the valid samples:
     ω = (1 − λ) + λ ω_target                                 (correction "ais"; target tis: ω_target = w̃)
 
 Levels: `sequence` (ℓ_i per completion), `token` (ℓ_it), `geometric` (ℓ̄_i = mean_t ℓ_it, verl's seq_mean; len = 1).
-Then optionally: divergence rejection (ω = 0 for samples whose k1/k2/k3 statistic exceeds a threshold,
-mismatch_stats.reject_keep) and batch normalisation of ω to mean 1. All formulas: docs/corrections.md.
+Then optionally: divergence rejection (ω = 0 for samples failing any of cfg.rejection_rules(): k1/k2/k3 statistics,
+k1 also two-sided, chained as verl's rollout_rs; mismatch_stats.chain_keep) and batch normalisation of ω to mean 1.
+`rejected` decides whether ω = 0 samples stay in the loss normaliser (`zero`, TRL) or leave the loss mask (`drop`,
+verl: `rejected_loss_mask`; normalisation then averages over all valid samples before rejection). verl's IS-weight
+metrics (its per-token ESS among them) are logged beside ours. All formulas: docs/corrections.md.
 
 Masked positions never influence anything: invalid log-weights (NaN, ±inf, garbage) are replaced with torch.where
 before any arithmetic, and ω is 1 there. Empty batches give the neutral values R = 1, D = 0, V = 1, λ = 0.

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_ais.metrics import CORR_REJECT_FRAC, LOSS_OFF_POLICY_MASKED
 from dllm_ais.mismatch_stats import chain_keep
 from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
 
@@ -74,9 +75,9 @@ class LossOutput:
         if self.dual_clip_frac is not None:
             names["loss/dual_clip_frac"] = self.dual_clip_frac
         if self.off_policy_masked_frac is not None:
-            names["loss/off_policy_masked_frac"] = self.off_policy_masked_frac
+            names[LOSS_OFF_POLICY_MASKED] = self.off_policy_masked_frac
         if self.reject_frac is not None:
-            names["corr/reject_frac"] = self.reject_frac
+            names[CORR_REJECT_FRAC] = self.reject_frac
         values = torch.stack([v.detach().double() for v in names.values()]).tolist()
         return dict(zip(names, values, strict=True))
 

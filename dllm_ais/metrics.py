@@ -71,6 +71,8 @@ ROLLOUT_REPEAT_FRAC = "rollout/repeat_frac"
 ROLLOUT_ERROR_MASKED = "rollout/error_masked_frac"
 """Fraction of completions dropped from the loss as error completions (0 unless error_mask_threshold is set)."""
 LOSS_DUAL_CLIP = "loss/dual_clip_frac"
+LOSS_OFF_POLICY_MASKED = "loss/off_policy_masked_frac"
+"""GRPOConfig.off_policy_mask_threshold: fraction of sequences TRL's off-policy mask removed from the surrogate."""
 
 DIAGNOSTIC_NAMES = {
     "ppl_train": MISMATCH_PPL_TRAIN, "ppl_rollout": MISMATCH_PPL_ROLLOUT, "log_ppl_diff": MISMATCH_LOG_PPL_DIFF,

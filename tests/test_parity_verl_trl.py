@@ -3,8 +3,9 @@ re-implement the reference formulas from their sources on random inputs.
 
 Sources read (re-implemented below, never imported — neither package is a dependency):
 - verl `verl/trainer/ppo/rollout_corr_helper.py` at b178a3c: `compute_rollout_correction_weights` (IS weights,
-  truncation, batch normalisation), `compute_is_metrics` (mean / std / min / max / ESS), `compute_rollout_rejection_mask`
-  (k1/k2/k3 statistics on the ±20-clamped log-ratio, chained options, k1's `lower_upper` ratio bounds),
+  truncation, batch normalisation), `compute_is_metrics` (mean / std / min / max / ESS),
+  `compute_rollout_rejection_mask` (k1/k2/k3 statistics on the ±20-clamped log-ratio, chained options, k1's
+  `lower_upper` ratio bounds),
   `compute_offpolicy_metrics` (log-ppl, ppl ratio, χ², KL); `verl/trainer/ppo/core_algos.py` at b178a3c:
   `compute_policy_loss_vanilla` (dual clip `clip_ratio_c`, IS weights × loss) and `agg_loss` ("token-mean" over the
   rejection-modified response mask).
@@ -287,7 +288,8 @@ def _verl_offpolicy_metrics(old, roll, mask):
     seq = torch.clamp((log_ratio * mask).sum(-1), -SAFETY_BOUND, SAFETY_BOUND)
     return {
         "ppl_train": torch.exp(-mean_old).mean(), "log_ppl_train": (-mean_old).mean(),
-        "kl_token": _masked_mean(roll - old, mask), "k3_token": _masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask),
+        "kl_token": _masked_mean(roll - old, mask),
+        "k3_token": _masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask),
         "ppl_rollout": torch.exp(-mean_roll).mean(), "log_ppl_rollout": (-mean_roll).mean(),
         "log_ppl_diff": diff.mean(), "log_ppl_abs_diff": diff.abs().mean(), "log_ppl_diff_max": diff.max(),
         "log_ppl_diff_min": diff.min(), "ppl_ratio": torch.exp(diff).mean(),
