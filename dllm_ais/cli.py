@@ -64,6 +64,18 @@ def _add_correction_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mask-error-completions", type=float, default=None, metavar="FRAC",
                    help="drop completions whose repeated-n-gram fraction exceeds FRAC from the loss")
     p.add_argument("--error-ngram", type=int, default=None, help="n of the repeated-n-gram detector (default 4)")
+    p.add_argument("--rejected", default=None, choices=["zero", "drop"],
+                   help="rejected samples (omega = 0): zero = stay in the loss normaliser (TRL's *_mask, default); "
+                   "drop = leave the loss mask, token means over kept tokens (verl's rollout_rs)")
+    p.add_argument("--no-is-cap", action="store_true",
+                   help="no upper IS bound (TRL's vllm_importance_sampling_clip_max=None)")
+    p.add_argument("--clip-ratio-c", type=float, default=None,
+                   help="verl's per-token dual clip for negative advantages in the standard loss (c > 1, verl: 3)")
+    p.add_argument("--epsilon-high", type=float, default=None,
+                   help="upper clip 1 + EPS of the ratio; with --loss-type cispo the absolute cap of the ratio")
+    p.add_argument("--off-policy-mask", type=float, default=None, metavar="DELTA",
+                   help="TRL's off_policy_mask_threshold: drop negative-advantage sequences whose mean "
+                   "log mu - log pi_theta exceeds DELTA")
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -166,6 +178,10 @@ FIELD_FLAGS = {
     "ModelConfig.dtype": "--dtype", "SamplerConfig.gen_length": "--gen-length", "SamplerConfig.block_length":
     "--block-length", "SamplerConfig.temperature": "--temperature", "SamplerConfig.remasking": "--remasking",
     "SamplerConfig.cfg_scale": "--cfg-scale", "CorrectionConfig.correction": "--correction",
+    "CorrectionConfig.rejected": "--rejected", "CorrectionConfig.reject_rules": "--reject",
+    "CorrectionConfig.is_cap_min": "--is-cap-min", "CorrectionConfig.is_cap": "--is-cap",
+    "GRPOConfig.clip_ratio_c": "--clip-ratio-c", "GRPOConfig.epsilon_high": "--epsilon-high",
+    "GRPOConfig.off_policy_mask_threshold": "--off-policy-mask", "GRPOConfig.loss_type": "--loss-type",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""
 
@@ -204,6 +220,8 @@ def _train_preset(args: argparse.Namespace):
 
 def _correction_overrides(args: argparse.Namespace, preset) -> dict:
     """The correction / loss flags of `train` (docs/corrections.md) as replaced `correction` and `grpo` configs."""
+    from dataclasses import replace
+
     from dllm_ais.rl_config import parse_reject
 
     band = args.band or (None, None)
@@ -211,9 +229,15 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
     correction = override(preset.correction, correction=args.correction, correction_level=args.correction_level,
                           is_cap=args.is_cap, is_cap_min=args.is_cap_min, band_low=band[0], band_high=band[1],
                           ais_target=args.ais_target, normalize_weights=args.normalize_weights or None,
-                          bypass=args.bypass or None, train_forward=args.train_forward, **reject)
+                          bypass=args.bypass or None, train_forward=args.train_forward, rejected=args.rejected,
+                          **reject)
+    if args.no_is_cap:
+        if args.is_cap is not None:
+            raise ValueError("--no-is-cap and --is-cap contradict each other; pass one.")
+        correction = replace(correction, is_cap=None)
     grpo = override(preset.grpo, loss_type=args.loss_type, dual_clip=args.dual_clip, error_ngram=args.error_ngram,
-                    error_mask_threshold=args.mask_error_completions)
+                    error_mask_threshold=args.mask_error_completions, clip_ratio_c=args.clip_ratio_c,
+                    epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask)
     return {"correction": correction, "grpo": grpo}
 
 

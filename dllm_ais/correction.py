@@ -17,8 +17,11 @@ over the valid samples:
     ω = (1 − λ) + λ ω_target                                 (correction "ais"; target tis: ω_target = w̃)
 
 Levels: `sequence` (ℓ_i per completion), `token` (ℓ_it), `geometric` (ℓ̄_i = mean_t ℓ_it, verl's seq_mean; len = 1).
-Then optionally: divergence rejection (ω = 0 for samples whose k1/k2/k3 statistic exceeds a threshold,
-mismatch_stats.reject_keep) and batch normalisation of ω to mean 1. All formulas: docs/corrections.md.
+Then optionally: divergence rejection (ω = 0 for samples failing any of cfg.rejection_rules(): k1/k2/k3 statistics,
+k1 also two-sided, chained as verl's rollout_rs; mismatch_stats.chain_keep) and batch normalisation of ω to mean 1.
+`rejected` decides whether ω = 0 samples stay in the loss normaliser (`zero`, TRL) or leave the loss mask (`drop`,
+verl: `rejected_loss_mask`; normalisation then averages over all valid samples before rejection). verl's IS-weight
+metrics (its per-token ESS among them) are logged beside ours. All formulas: docs/corrections.md.
 
 Masked positions never influence anything: invalid log-weights (NaN, ±inf, garbage) are replaced with torch.where
 before any arithmetic, and ω is 1 there. Empty batches give the neutral values R = 1, D = 0, V = 1, λ = 0.
@@ -26,12 +29,14 @@ before any arithmetic, and ω is 1 there. Empty batches give the neutral values 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from dllm_ais.mismatch_stats import k3, masked_mean, reject_keep
+from dllm_ais.metrics import reject_frac_key
+from dllm_ais.mismatch_stats import chain_keep, k3, masked_mean
 from dllm_ais.rl_config import CorrectionConfig
 
 VAR_EPS = 1e-12
@@ -132,14 +137,25 @@ def omega_is(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
     return w
 
 
+def cap(cfg: CorrectionConfig) -> float:
+    """C, or +inf when is_cap is None (TRL's clip_max=None: no upper bound)."""
+    return math.inf if cfg.is_cap is None else cfg.is_cap
+
+
+def truncate(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
+    """w̃ = min(w, C) (w itself when C is None): the weight the AIS diagnostics use."""
+    return w if cfg.is_cap is None else w.clamp(max=cfg.is_cap)
+
+
 def omega_tis(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
-    """Truncated IS (TIS; TRL's *_truncate): ω = min(w, C)."""
-    return w.clamp(max=cfg.is_cap)
+    """Truncated IS (TIS; TRL's *_truncate): ω = clamp(w, C_min, C) — TRL clamps from below at its clip min too
+    (C_min = 0, the default, changes nothing: w > 0)."""
+    return w.clamp(min=cfg.is_cap_min, max=cfg.is_cap)
 
 
 def omega_mis(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
     """Masked IS (MIS; TRL's *_mask): ω = w where C_min <= w <= C, the sample is dropped (ω = 0) elsewhere."""
-    return torch.where((w <= cfg.is_cap) & (w >= cfg.is_cap_min), w, 0)
+    return torch.where((w <= cap(cfg)) & (w >= cfg.is_cap_min), w, 0)
 
 
 def omega_band(w: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
@@ -172,7 +188,7 @@ def mode_bounds(cfg: CorrectionConfig) -> tuple[float, float]:
     """(lower, upper) thresholds of the applied mode (AIS: its target), for the above/below-fraction diagnostics:
     band -> [band_low, band_high]; every other mode -> [C_min, C]."""
     mode = cfg.ais_target if cfg.correction == "ais" else cfg.correction
-    return (cfg.band_low, cfg.band_high) if mode == "band" else (cfg.is_cap_min, cfg.is_cap)
+    return (cfg.band_low, cfg.band_high) if mode == "band" else (cfg.is_cap_min, cap(cfg))
 
 
 def normalize_mean_one(omega: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -181,6 +197,52 @@ def normalize_mean_one(omega: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     kept = valid & (omega != 0)
     mean = masked_mean(omega, kept)
     return torch.where(mean > 0, omega / torch.where(mean > 0, mean, 1), omega)
+
+
+def normalize_all_valid(omega: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """ω / mean(ω over every valid sample) — verl's batch normalisation, computed before rejection (`rejected=drop`);
+    unchanged when that mean is <= 1e-8 (verl's guard). ω ≡ 1 is returned bit for bit."""
+    mean = masked_mean(omega, valid)
+    return torch.where(mean > 1e-8, omega / torch.where(mean > 1e-8, mean, 1), omega)
+
+
+def rejected_loss_mask(omega: torch.Tensor, mask: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
+    """The loss mask [B, L] after the correction: with `rejected=drop` (verl) every counted token whose ω is 0
+    (rejected by divergence, or masked by mis / band) leaves the mask, so the loss's token means divide by the kept
+    tokens only; with `zero` (TRL) the mask is returned unchanged and those tokens count with weight 0.
+    omega: [B] or [B, L] from `correct`; mask: [B, L] bool."""
+    if cfg.rejected != "drop":
+        return mask
+    kept = omega != 0
+    return mask & (kept[:, None] if kept.dim() == 1 else kept)
+
+
+def verl_is_stats(w: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor, cfg: CorrectionConfig
+                  ) -> dict[str, torch.Tensor]:
+    """verl's IS-weight metrics (compute_is_metrics) on the weights w = exp(ℓ̂) before truncation.
+
+    w, valid: [B] (one weight per sequence) or [B, L]; counts: how many tokens each sample stands for (verl
+    broadcasts a sequence weight over its tokens, so every average is token-weighted): L_i, or 1 per token.
+    c = clamp(w, 1/C, C) (no clamp when C is None):
+      mean = Σ n w / Σ n            std = sqrt(max(0, E_n[c²] − E_n[c]²))        min / max of w
+      ess  = 1 / E_n[(c / (E_n[c] + 1e-8))²]     (per token; ≠ ais/ess_frac, the per-sample ESS of min(w, C))
+    """
+    n = torch.where(valid, counts.to(w.dtype), 0)
+    total = n.sum().clamp(min=1)
+
+    def mean_n(x):
+        return (torch.where(valid, x, 0) * n).sum() / total
+
+    c = w if cfg.is_cap is None else w.clamp(min=1 / cfg.is_cap, max=cfg.is_cap)
+    mean_c = mean_n(c)
+    ess = 1 / mean_n((c / (mean_c + 1e-8)) ** 2)
+    return {
+        "is_mean": mean_n(w),
+        "is_std": (mean_n(c * c) - mean_c * mean_c).clamp(min=0).sqrt(),
+        "is_min": _masked_extreme(w, valid, largest=False),
+        "is_max": _masked_extreme(w, valid, largest=True),
+        "ess_verl": torch.where(n.sum() > 0, ess, 1),
+    }
 
 
 # -------------------------------------------------------------------------------------------------------- record
@@ -204,6 +266,11 @@ _METRIC_NAMES = {
     "reject_frac": "corr/reject_frac",
     "omega_ess": "corr/ess_frac",
     "omega_mean": "corr/omega_mean",
+    "ess_verl": "corr/ess_verl",
+    "is_mean": "corr/is_weight_mean",
+    "is_std": "corr/is_weight_std",
+    "is_min": "corr/is_weight_min",
+    "is_max": "corr/is_weight_max",
 }
 
 
@@ -250,11 +317,24 @@ class CorrectionOutput:
     """Normalised ESS (Σ ω)² / (n Σ ω²) of the applied weights ω (0 if every ω is 0; 1 if n = 0)."""
     omega_mean: torch.Tensor
     """Mean of the applied ω over valid samples."""
+    ess_verl: torch.Tensor
+    """verl's ESS: per token, weights clamped to [1/C, C] (verl_is_stats); beside ais/ess_frac (R), which differs."""
+    is_mean: torch.Tensor
+    """verl's IS weight mean (token-weighted, w before truncation)."""
+    is_std: torch.Tensor
+    """verl's IS weight std (token-weighted, of w clamped to [1/C, C])."""
+    is_min: torch.Tensor
+    """Smallest w over valid samples."""
+    is_max: torch.Tensor
+    """Largest w over valid samples."""
+    reject_fracs: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Each rejection rule's rejected fraction (its own samples: tokens or sequences), by verl's option name."""
 
     def metrics(self) -> dict[str, float]:
         """Scalar metrics under DESIGN.md §8 names (one device sync)."""
-        values = torch.stack([getattr(self, f).double() for f in _METRIC_NAMES]).tolist()
-        return dict(zip(_METRIC_NAMES.values(), values, strict=True))
+        tensors = [getattr(self, f).double() for f in _METRIC_NAMES] + [v.double() for v in self.reject_fracs.values()]
+        keys = list(_METRIC_NAMES.values()) + [reject_frac_key(k) for k in self.reject_fracs]
+        return dict(zip(keys, torch.stack(tensors).tolist(), strict=True))
 
 
 # ----------------------------------------------------------------------------------------------------------- main
@@ -308,7 +388,7 @@ def correct(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Cor
     lw = safe_log_weights(raw.detach().to(dtype), valid, cfg.log_w_clamp)  # [B] or [B, L]
     adv_s = torch.where(valid, adv_s.detach().to(dtype), 0)
     w = lw.exp()
-    w_trunc = w.clamp(max=cfg.is_cap)
+    w_trunc = truncate(w, cfg)
     per_token_lw = lw / per_len  # ℓ̂ / len
 
     r = ess_fraction(w_trunc, valid)
@@ -321,27 +401,34 @@ def correct(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Cor
 
     omega = torch.where(valid, CORRECTIONS[cfg.correction](w, lam, cfg), 1)  # [B] or [B, L]
     omega_valid = valid
+    drop = cfg.rejected == "drop"
+    if cfg.normalize_weights and drop:  # verl: the weights' mean over every valid sample, before rejection
+        omega = normalize_all_valid(omega, omega_valid)
     reject_frac = lw.new_zeros(())
-    if cfg.reject_stat != "none":
+    reject_fracs: dict[str, torch.Tensor] = {}
+    rules = () if cfg.bypass else cfg.rejection_rules()  # bypass: the rules act on π_θ / μ inside the loss
+    if rules:
         if token_log_w is None:
             raise ValueError("divergence rejection (reject_stat) needs per-token log-weights: pass token_log_w [B, L] "
                              "or log_w [B, L], or set reject_stat='none' (--reject none).")
-        keep = reject_keep(token_log_w.detach().to(dtype), valid_tok, cfg.reject_stat, cfg.reject_agg,
-                           cfg.reject_threshold)  # [B] or [B, L]
+        keep, reject_fracs = chain_keep(token_log_w.detach().to(dtype), valid_tok, rules, cfg.log_w_clamp)
         reject_frac = masked_mean((~keep).to(dtype), valid_tok if keep.dim() == 2 else lengths > 0)
+        reject_fracs = {k: f.to(dtype) for k, f in reject_fracs.items()}
         if keep.dim() == 2 and omega.dim() == 1:  # token rejection under a per-sequence weight: ω becomes [B, L]
             omega, omega_valid = omega[:, None].expand_as(keep), valid_tok
         elif keep.dim() == 1 and omega.dim() == 2:
             keep = keep[:, None]
         omega = torch.where(keep, omega, 0)
-    if cfg.normalize_weights:
+    if cfg.normalize_weights and not drop:
         omega = normalize_mean_one(omega, omega_valid)
     omega = torch.where(omega_valid, omega, 1)
     lo, hi = mode_bounds(cfg)
+    counts = torch.ones_like(valid_tok) if level == "token" else lengths  # tokens each sample stands for
+    verl_stats = verl_is_stats(w, valid, counts, cfg)
 
     return CorrectionOutput(
         omega=omega, lam=lam, lam_batch=lam_batch, ess_frac=r, divergence=d, severity=s, var_amp=v, damping=g,
-        trunc_frac=masked_mean((w > cfg.is_cap).to(dtype), valid),
+        trunc_frac=masked_mean((w > cap(cfg)).to(dtype), valid),
         log_w_mean=masked_mean(lw, valid),
         log_w_min=_masked_extreme(lw, valid, largest=False),
         log_w_max=_masked_extreme(lw, valid, largest=True),
@@ -352,4 +439,6 @@ def correct(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Cor
         reject_frac=reject_frac,
         omega_ess=ess_fraction(omega, omega_valid),
         omega_mean=masked_mean(omega, omega_valid),
+        **{k: t.to(dtype) for k, t in verl_stats.items()},
+        reject_fracs=reject_fracs,
     )

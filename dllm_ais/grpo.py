@@ -17,6 +17,13 @@ GSPO sequence ratio s_i = exp(mean_t (logp_train − logp_old)), clipped to the 
     J_i    = max(J_i, c Â_i)            when Â_i < 0   (so the per-sequence loss −J_i <= c |Â_i|, c = dual_clip > 1)
     loss   = mean_i ω̄_i · (−J_i)        (grpo aggregation: mean over each sequence's tokens, then over sequences)
 
+Options (each off by default): `clip_ratio_c` — verl's per-token dual clip, surr = min(surr, c·|Â|) where Â < 0
+(compute_policy_loss_vanilla); loss_type = cispo — TRL's CISPO, ℓ_it = −sg(min(r_it, ε_high)) Â_i log π_θ(y_t), token
+mean; `off_policy_mask_threshold` δ — TRL's off-policy sequence mask (DeepSeek-V3.2): the surrogate of sequence i is
+kept iff Â_i >= 0 or mean_t (log μ − log π_θ) <= δ (log μ = `logp_rollout`, π_θ detached); bypass-mode rejection
+(`bypass_correction`) — verl's rollout_rs on π_θ / μ inside the loss, rejected tokens weighted 0 (`rejected=zero`) or
+removed from the mask (`drop`).
+
 ω multiplies the surrogate only (not the KL), so the loss is affine in ω and the gradient of AIS's ω = (1 − λ) + λ w̃
 is exactly (1 − λ) ∇loss(ω = 1) + λ ∇loss(ω = w̃). Positions outside `mask` are replaced (torch.where) before any
 arithmetic: NaN/inf there never reach the loss or its gradient. Dividing by gradient-accumulation steps is the
@@ -30,7 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_ais.rl_config import GRPOConfig
+from dllm_ais.metrics import CORR_REJECT_FRAC, LOSS_OFF_POLICY_MASKED
+from dllm_ais.mismatch_stats import chain_keep
+from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,12 @@ class LossOutput:
     clip_ratio_region: torch.Tensor
     """[] fraction clipped either way (low or high): where the surrogate's gradient is zero."""
     dual_clip_frac: torch.Tensor | None = None
-    """[] loss_type=tbpo: fraction of non-empty sequences whose loss the dual clip bounds (Â < 0, −J = c|Â|)."""
+    """[] loss_type=tbpo: fraction of non-empty sequences whose loss the dual clip bounds (Â < 0, −J = c|Â|);
+    clip_ratio_c: fraction of counted tokens at verl's per-token bound (verl's pg_clipfrac_lower)."""
+    off_policy_masked_frac: torch.Tensor | None = None
+    """[] off_policy_mask_threshold: fraction of non-empty sequences whose surrogate the off-policy mask removed."""
+    reject_frac: torch.Tensor | None = None
+    """[] bypass-mode rejection: fraction of counted tokens rejected on π_θ / μ (logged as corr/reject_frac)."""
 
     def metrics(self) -> dict[str, float]:
         """Scalar metrics under DESIGN.md §8 names (one device sync)."""
@@ -60,6 +74,10 @@ class LossOutput:
             names["loss/kl"] = self.kl
         if self.dual_clip_frac is not None:
             names["loss/dual_clip_frac"] = self.dual_clip_frac
+        if self.off_policy_masked_frac is not None:
+            names[LOSS_OFF_POLICY_MASKED] = self.off_policy_masked_frac
+        if self.reject_frac is not None:
+            names[CORR_REJECT_FRAC] = self.reject_frac
         values = torch.stack([v.detach().double() for v in names.values()]).tolist()
         return dict(zip(names, values, strict=True))
 
@@ -112,6 +130,7 @@ AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor
     "bnpo": aggregate_token_mean,
     "dapo": aggregate_token_mean,
     "tbpo": aggregate_grpo,
+    "cispo": aggregate_token_mean,
 }
 
 
@@ -127,7 +146,8 @@ def _batch_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
               cfg: GRPOConfig, *, weights: torch.Tensor | None = None,
-              logp_ref: torch.Tensor | None = None) -> LossOutput:
+              logp_ref: torch.Tensor | None = None, logp_rollout: torch.Tensor | None = None,
+              bypass_correction: CorrectionConfig | None = None) -> LossOutput:
     """Clipped GRPO surrogate (+ β k3 KL), aggregated by cfg.loss_type.
 
     logp_train: [B, L] log π_θ of the completion tokens (differentiable).
@@ -136,6 +156,9 @@ def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
     mask:       [B, L] bool, tokens that count; other positions may hold anything, NaN included.
     weights:    None, [B] or [B, L]: ω from dllm_ais.correction (detached here); multiplies the surrogate.
     logp_ref:   [B, L] reference log-probs; required when cfg.beta > 0 (logged as `kl` whenever given).
+    logp_rollout: [B, L] log μ (rollout policy) for cfg.off_policy_mask_threshold; None = logp_old (TRL without vLLM).
+    bypass_correction: in bypass mode (π_old = μ) the correction config whose rejection rules act here on
+                π_θ / μ = exp(logp_train − logp_old) (verl's bypass); None = no in-loss rejection.
     """
     valid = mask.bool()  # [B, L]
     if logp_train.shape != valid.shape or logp_old.shape != valid.shape:
@@ -154,19 +177,47 @@ def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
 
     logp = torch.where(valid, logp_train, 0)  # [B, L]
     old = torch.where(valid, logp_old.detach(), 0)  # [B, L]
+    reject_frac = None
+    in_loss_keep = None
+    rules = () if bypass_correction is None else bypass_correction.rejection_rules()
+    if rules:  # verl's bypass: rollout_rs on log π_θ − log μ (π_old = μ), recomputed every update
+        keep, _ = chain_keep(logp.detach() - old, valid, rules, bypass_correction.log_w_clamp)  # [B] or [B, L]
+        keep = keep[:, None].expand_as(valid) if keep.dim() == 1 else keep  # [B, L]
+        reject_frac = _batch_mean((~keep).to(logp.dtype), valid)
+        if bypass_correction.rejected == "drop":
+            valid = valid & keep
+            has_tokens = valid.any(-1)
+        else:
+            in_loss_keep = keep
     a = torch.where(has_tokens, adv.detach(), 0)[:, None]  # [B, 1]
     tbpo = cfg.loss_type == "tbpo"
     level = "sequence" if tbpo else cfg.importance_sampling_level  # TBPO's ratio is GSPO's sequence ratio
     log_iw = LOG_RATIO_LEVELS[level](logp - old, valid)  # [B, L] or [B, 1]
     coef_1 = torch.exp(log_iw)
-    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
-    objective = torch.min(coef_1 * a, coef_2 * a)  # [B, L] or [B, 1]
     dual_clipped = None
+    if cfg.loss_type == "cispo":  # TRL: −sg(min(r, ε_high)) Â log π_θ; ε_high is the absolute cap here
+        objective = torch.clamp(coef_1, max=eps_high).detach() * a * logp  # [B, L]
+    else:
+        coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+        objective = torch.min(coef_1 * a, coef_2 * a)  # [B, L] or [B, 1]
     if tbpo:
         bound = cfg.dual_clip * a  # [B, 1]
         dual_clipped = (a < 0) & (objective < bound)
         objective = torch.where(a < 0, torch.max(objective, bound), objective)
+    elif cfg.clip_ratio_c is not None:  # verl: for Â < 0, −objective <= c |Â| per token
+        bound = cfg.clip_ratio_c * a  # [B, 1]
+        dual_clipped = (a < 0) & (objective < bound)
+        objective = torch.where(a < 0, torch.max(objective, bound), objective)
     surrogate = -objective
+    off_policy_frac = None
+    if cfg.off_policy_mask_threshold is not None:  # TRL's get_off_policy_mask: [B, 1], 1 = keep
+        mu = old if logp_rollout is None else torch.where(valid, logp_rollout.detach(), 0)  # [B, L]
+        seq_kl = LOG_RATIO_LEVELS["sequence"](mu - logp.detach(), valid)  # [B, 1] mean_t (log μ − log π_θ)
+        opm = (a >= 0) | (seq_kl <= cfg.off_policy_mask_threshold)  # [B, 1]
+        off_policy_frac = _batch_mean((~opm).to(logp.dtype), valid)
+        surrogate = surrogate * opm
+    if in_loss_keep is not None:
+        surrogate = surrogate * in_loss_keep
 
     if weights is not None:
         omega = weights.detach()
@@ -192,11 +243,15 @@ def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
     loss = aggregate(per_token, valid, cfg.max_completion_length)
     with torch.no_grad():
         policy_loss = aggregate(surrogate, valid, cfg.max_completion_length)
-        is_low = (coef_1 < 1 - eps_low) & (a < 0)  # [B, L] or [B, 1]
-        is_high = (coef_1 > 1 + eps_high) & (a > 0)
+        if cfg.loss_type == "cispo":  # TRL's cispo_clip_ratio: the capped ratio of a positive sample
+            is_low, is_high = torch.zeros_like(coef_1, dtype=torch.bool), (coef_1 > eps_high) & (a > 0)
+        else:
+            is_low = (coef_1 < 1 - eps_low) & (a < 0)  # [B, L] or [B, 1]
+            is_high = (coef_1 > 1 + eps_high) & (a > 0)
         clip_low = _batch_mean(is_low.to(logp.dtype), valid)
         clip_high = _batch_mean(is_high.to(logp.dtype), valid)
         clip_region = _batch_mean((is_low | is_high).to(logp.dtype), valid)
         dual_frac = None if dual_clipped is None else _batch_mean(dual_clipped.to(logp.dtype), valid)
     return LossOutput(loss=loss, policy_loss=policy_loss, kl=kl, clip_ratio_low=clip_low,
-                      clip_ratio_high=clip_high, clip_ratio_region=clip_region, dual_clip_frac=dual_frac)
+                      clip_ratio_high=clip_high, clip_ratio_region=clip_region, dual_clip_frac=dual_frac,
+                      off_policy_masked_frac=off_policy_frac, reject_frac=reject_frac)

@@ -49,16 +49,37 @@ CORR_FRAC_BELOW = "corr/frac_below"
 CORR_REJECT_FRAC = "corr/reject_frac"
 CORR_ESS = "corr/ess_frac"
 CORR_OMEGA_MEAN = "corr/omega_mean"
+CORR_ESS_VERL = "corr/ess_verl"
+"""verl's rollout_is_eff_sample_size: 1 / mean((c / mean c)²) over tokens, c = w clamped to [1/C, C]."""
+CORR_IS_MEAN = "corr/is_weight_mean"
+CORR_IS_STD = "corr/is_weight_std"
+CORR_IS_MIN = "corr/is_weight_min"
+CORR_IS_MAX = "corr/is_weight_max"
+MISMATCH_LOG_PPL_TRAIN = "mismatch/log_ppl_train"
+MISMATCH_LOG_PPL_ROLLOUT = "mismatch/log_ppl_rollout"
+MISMATCH_LOG_PPL_ABS_DIFF = "mismatch/log_ppl_abs_diff"
+MISMATCH_LOG_PPL_DIFF_MAX = "mismatch/log_ppl_diff_max"
+MISMATCH_LOG_PPL_DIFF_MIN = "mismatch/log_ppl_diff_min"
+MISMATCH_PPL_RATIO = "mismatch/ppl_ratio"
+
+
+def reject_frac_key(option: str) -> str:
+    """Rejected fraction of one rejection rule, by verl's option name: corr/reject_frac/seq_mean_k3."""
+    return f"corr/reject_frac/{option}"
 ROLLOUT_REPEAT_FRAC = "rollout/repeat_frac"
 """Mean repeated-n-gram fraction of the completions (dllm_ais/error_tokens.py)."""
 ROLLOUT_ERROR_MASKED = "rollout/error_masked_frac"
 """Fraction of completions dropped from the loss as error completions (0 unless error_mask_threshold is set)."""
 LOSS_DUAL_CLIP = "loss/dual_clip_frac"
+LOSS_OFF_POLICY_MASKED = "loss/off_policy_masked_frac"
+"""GRPOConfig.off_policy_mask_threshold: fraction of sequences TRL's off-policy mask removed from the surrogate."""
 
 DIAGNOSTIC_NAMES = {
     "ppl_train": MISMATCH_PPL_TRAIN, "ppl_rollout": MISMATCH_PPL_ROLLOUT, "log_ppl_diff": MISMATCH_LOG_PPL_DIFF,
     "chi2_token": MISMATCH_CHI2_TOKEN, "chi2_seq": MISMATCH_CHI2_SEQ, "kl_token": MISMATCH_KL_TOKEN,
-    "k3_token": MISMATCH_K3_TOKEN,
+    "k3_token": MISMATCH_K3_TOKEN, "log_ppl_train": MISMATCH_LOG_PPL_TRAIN, "log_ppl_rollout": MISMATCH_LOG_PPL_ROLLOUT,
+    "log_ppl_abs_diff": MISMATCH_LOG_PPL_ABS_DIFF, "log_ppl_diff_max": MISMATCH_LOG_PPL_DIFF_MAX,
+    "log_ppl_diff_min": MISMATCH_LOG_PPL_DIFF_MIN, "ppl_ratio": MISMATCH_PPL_RATIO,
 }
 """mismatch_stats.rollout_diagnostics keys -> metric names."""
 REWARD_ERRORS = "reward/errors"
@@ -67,11 +88,12 @@ REQUIRED_STEP_METRICS = (
     STEP, REWARD_MEAN, ADV_ZERO_STD, AIS_LAMBDA, AIS_ESS, AIS_DIVERGENCE, AIS_VAR_AMP, AIS_TRUNC, MISMATCH_KL,
     MISMATCH_K3, LOSS_POLICY, LOSS_CLIP, ROLLOUT_TOKENS_PER_S, ROLLOUT_STEPS, ROLLOUT_GEN_LEN, SKIPPED_STEPS,
     *DIAGNOSTIC_NAMES.values(), CORR_FRAC_ABOVE, CORR_FRAC_BELOW, CORR_REJECT_FRAC, CORR_ESS, CORR_OMEGA_MEAN,
-    ROLLOUT_REPEAT_FRAC, ROLLOUT_ERROR_MASKED,
+    CORR_ESS_VERL, CORR_IS_MEAN, CORR_IS_STD, CORR_IS_MIN, CORR_IS_MAX, ROLLOUT_REPEAT_FRAC, ROLLOUT_ERROR_MASKED,
 )
 
 
-REDUCTIONS: dict[str, str] = {AIS_LOG_W_MIN: "min", AIS_LOG_W_MAX: "max"}
+REDUCTIONS: dict[str, str] = {AIS_LOG_W_MIN: "min", AIS_LOG_W_MAX: "max", CORR_IS_MIN: "min", CORR_IS_MAX: "max",
+                               MISMATCH_LOG_PPL_DIFF_MIN: "min", MISMATCH_LOG_PPL_DIFF_MAX: "max"}
 """How a metric combines over processes when it is not already global: min, max; every other metric is averaged
 (`mean`). The AIS diagnostics are computed over the global batch, so they agree on every rank anyway."""
 

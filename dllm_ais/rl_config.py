@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo", "tbpo")
+LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo", "tbpo", "cispo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SCALE_REWARDS = ("group", "batch", "none")
 CORRECTIONS = ("none", "is", "tis", "mis", "band", "ais")
@@ -27,24 +28,76 @@ TRL_ALIASES = {
 """TRL's `vllm_importance_sampling_mode` names -> (correction, correction_level)."""
 REJECT_STATS = ("none", "k1", "k2", "k3")
 REJECT_AGGS = ("token", "seq_sum", "seq_mean", "seq_max")
+REJECTED = ("zero", "drop")
+"""What a rejected sample (ω = 0) does to the loss: `zero` keeps it in the normaliser (TRL's *_mask), `drop` removes it
+from the loss mask (verl's rollout_rs)."""
 TRAIN_FORWARDS = ("bf16", "aligned")
 
 
-def parse_reject(spec: str) -> dict[str, object]:
-    """`STAT:AGG:THRESHOLD` (e.g. `k3:seq_mean:0.01`) or `none` -> CorrectionConfig fields reject_stat / reject_agg /
-    reject_threshold. STAT in k1, k2, k3; AGG in token, seq_sum, seq_mean, seq_max."""
-    if spec.strip().lower() == "none":
-        return {"reject_stat": "none"}
-    parts = spec.split(":")
+class RejectRule(NamedTuple):
+    """One divergence-rejection criterion (verl's rollout_rs option): a sample is kept when its aggregated statistic
+    is <= upper, or, two-sided (k1 only, verl's `lower_upper` ratio bounds), when log(lower) <= stat <= log(upper)."""
+
+    stat: str
+    """k1, k2 or k3."""
+    agg: str
+    """token, seq_sum, seq_mean or seq_max."""
+    upper: float
+    """Upper bound on the statistic (nats) — or, when `lower` is set, the upper *ratio* bound (stat <= log upper)."""
+    lower: float | None = None
+    """Two-sided k1 only: the lower ratio bound (stat >= log lower); None = one-sided."""
+
+    @property
+    def name(self) -> str:
+        """verl's option name, e.g. `seq_mean_k3`."""
+        return f"{self.agg}_{self.stat}"
+
+
+def parse_reject_rule(spec: str) -> RejectRule:
+    """`STAT:AGG:THRESHOLD` -> RejectRule. THRESHOLD is one number (reject when the statistic exceeds it) or, for k1,
+    verl's two-sided `LOWER_UPPER` ratio bounds (keep when log LOWER <= statistic <= log UPPER; Geo-RS is
+    `k1:seq_mean:0.999_1.001`). LOWER <= 1 <= UPPER so that an on-policy sample (ℓ = 0) is never rejected."""
+    example = (f"write STAT:AGG:THRESHOLD, e.g. k3:seq_mean:0.01 or k1:seq_mean:0.999_1.001 (STAT in "
+               f"{', '.join(REJECT_STATS[1:])}; AGG in {', '.join(REJECT_AGGS)}), several joined by commas, or none")
+    parts = spec.strip().split(":")
     if len(parts) != 3:
-        raise ValueError(f"--reject {spec!r}: write STAT:AGG:THRESHOLD, e.g. k3:seq_mean:0.01 (STAT in "
-                         f"{', '.join(REJECT_STATS[1:])}; AGG in {', '.join(REJECT_AGGS)}), or none.")
-    stat, agg, threshold = parts
+        raise ValueError(f"--reject {spec!r}: {example}.")
+    stat, agg, threshold = (p.strip() for p in parts)
+    if stat not in REJECT_STATS[1:]:
+        raise ValueError(f"--reject {spec!r}: STAT (reject_stat) {stat!r} is not one of "
+                         f"{', '.join(REJECT_STATS[1:])}; {example}.")
+    if agg not in REJECT_AGGS:
+        raise ValueError(f"--reject {spec!r}: AGG (reject_agg) {agg!r} is not one of {', '.join(REJECT_AGGS)}.")
     try:
-        value = float(threshold)
+        bounds = [float(v) for v in threshold.split("_")]
     except ValueError:
-        raise ValueError(f"--reject {spec!r}: the threshold {threshold!r} is not a number.") from None
-    return {"reject_stat": stat, "reject_agg": agg, "reject_threshold": value}
+        raise ValueError(f"--reject {spec!r}: the threshold {threshold!r} is not a number (or LOWER_UPPER).") from None
+    if len(bounds) == 1:
+        if not (bounds[0] >= 0.0 and math.isfinite(bounds[0])):
+            raise ValueError(f"--reject {spec!r}: the threshold (reject_threshold) must be finite and >= 0.")
+        return RejectRule(stat, agg, bounds[0])
+    if stat != "k1" or len(bounds) != 2:
+        raise ValueError(f"--reject {spec!r}: only k1 takes two-sided LOWER_UPPER ratio bounds (verl's convention); "
+                         f"give {stat} one upper threshold.")
+    lower, upper = bounds
+    if not (0.0 < lower <= 1.0 <= upper and math.isfinite(upper)):
+        raise ValueError(f"--reject {spec!r}: the ratio bounds need 0 < LOWER <= 1 <= UPPER < inf, so that an "
+                         "on-policy sample is kept (e.g. 0.999_1.001).")
+    return RejectRule(stat, agg, upper, lower)
+
+
+def parse_reject(spec: str) -> dict[str, object]:
+    """`--reject` -> CorrectionConfig fields. `none`; one `STAT:AGG:THRESHOLD` (e.g. `k3:seq_mean:0.01`) fills
+    reject_stat / reject_agg / reject_threshold; two-sided k1 bounds or several comma-separated rules (all must pass,
+    verl's chained rollout_rs) go to reject_rules."""
+    if spec.strip().lower() == "none":
+        return {"reject_stat": "none", "reject_rules": ()}
+    specs = tuple(part.strip() for part in spec.split(",") if part.strip())
+    rules = [parse_reject_rule(part) for part in specs]
+    if len(rules) == 1 and rules[0].lower is None:
+        rule = rules[0]
+        return {"reject_stat": rule.stat, "reject_agg": rule.agg, "reject_threshold": rule.upper, "reject_rules": ()}
+    return {"reject_stat": "none", "reject_rules": specs}
 
 
 def _one_of(owner: str, name: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -69,7 +122,9 @@ class GRPOConfig:
     """Coefficient of the k3 KL penalty to the reference policy (logp_ref). 0 = no reference model needed."""
     loss_type: str = "dapo"
     """Aggregation of per-token losses: `grpo` (per-sequence mean, then batch mean), `dr_grpo` (sum / (B *
-    max_completion_length)), `bnpo` and `dapo` (sum / number of counted tokens in the batch)."""
+    max_completion_length)), `bnpo` and `dapo` (sum / number of counted tokens in the batch); `tbpo` (QaRL, our
+    reading); `cispo` (TRL / MiniMax-M1: −min(r, ε_high)·Â·log π_θ with the clipped ratio detached, token mean;
+    needs epsilon_high, the absolute cap ε_max, e.g. 5)."""
     importance_sampling_level: str = "token"
     """Ratio π_θ/π_old per `token` (GRPO) or per `sequence` (GSPO: geometric mean of the token ratios)."""
     max_completion_length: int = 256
@@ -78,6 +133,13 @@ class GRPOConfig:
     """μ: optimisation passes over each generated batch (π_old is the policy at rollout time)."""
     dual_clip: float = 3.0
     """c of loss_type=tbpo's dual clip (dual-clip PPO): for Â < 0 the per-sequence loss is at most c·|Â|; c > 1."""
+    clip_ratio_c: float | None = None
+    """verl's dual clip (`clip_ratio_c`, dual-clip PPO) in the standard per-token loss: for Â < 0 the clipped
+    surrogate's loss is at most c·|Â| per token (c > 1; verl's default 3). None = off (TRL's loss). Not with tbpo,
+    whose sequence-level bound is `dual_clip`."""
+    off_policy_mask_threshold: float | None = None
+    """δ of TRL's off-policy sequence mask (DeepSeek-V3.2 eq. 9): a sequence with Â < 0 whose mean per-token
+    log μ − log π_θ exceeds δ is removed from the surrogate. None = off; δ >= 0 (e.g. 0.5)."""
     error_ngram: int = 4
     """n of the error-token detector: the fraction of a completion's n-grams that repeat an earlier one."""
     error_mask_threshold: float | None = None
@@ -107,6 +169,26 @@ class GRPOConfig:
         if not (self.dual_clip > 1.0 and math.isfinite(self.dual_clip)):
             raise ValueError(f"GRPOConfig.dual_clip={self.dual_clip}: the dual-clip bound c must be finite and > 1 "
                              "(--dual-clip; 3 is dual-clip PPO's value).")
+        if self.clip_ratio_c is not None:
+            if not (self.clip_ratio_c > 1.0 and math.isfinite(self.clip_ratio_c)):
+                raise ValueError(f"GRPOConfig.clip_ratio_c={self.clip_ratio_c}: the dual-clip bound must be finite "
+                                 "and > 1 (3 is verl's value), or None for no dual clip.")
+            if self.loss_type in ("tbpo", "cispo"):
+                raise ValueError(f"GRPOConfig.clip_ratio_c with GRPOConfig.loss_type={self.loss_type!r}: the per-token "
+                                 "dual clip belongs to the clipped PPO surrogate (grpo, dr_grpo, bnpo, dapo); tbpo "
+                                 "has its own sequence-level bound (GRPOConfig.dual_clip), cispo has no PPO clip.")
+        if self.off_policy_mask_threshold is not None and not (
+                self.off_policy_mask_threshold >= 0.0 and math.isfinite(self.off_policy_mask_threshold)):
+            raise ValueError(f"GRPOConfig.off_policy_mask_threshold={self.off_policy_mask_threshold}: δ must be finite "
+                             "and >= 0 (TRL suggests 0.5), or None for no off-policy mask.")
+        if self.loss_type == "cispo":
+            if self.epsilon_high is None:
+                raise ValueError("GRPOConfig.loss_type='cispo' clips the ratio at GRPOConfig.epsilon_high itself (the "
+                                 "absolute cap ε_max, e.g. 5), not at 1 + ε: set it (TRL would fall back to epsilon, "
+                                 "0.2, and cap every ratio at 0.2).")
+            if self.importance_sampling_level != "token":
+                raise ValueError("GRPOConfig.loss_type='cispo' needs GRPOConfig.importance_sampling_level='token' "
+                                 "(TRL refuses sequence-level ratios with cispo).")
         if self.error_ngram < 1:
             raise ValueError(f"GRPOConfig.error_ngram={self.error_ngram}: the n-gram size must be >= 1.")
         if self.error_mask_threshold is not None and not 0.0 <= self.error_mask_threshold < 1.0:
@@ -127,11 +209,12 @@ class CorrectionConfig:
     """`sequence`: one log-weight per completion ([B]; LLaDA's coupled ELBO difference or the AR sum).
     `token`: per-token log-weights ([B, L]; AR, or LLaDA's one-step estimator).
     `geometric`: one weight per completion, exp of the mean per-token log-weight (verl's seq_mean; [B, L] input)."""
-    is_cap: float = 2.0
+    is_cap: float | None = 2.0
     """C: truncation cap of tis / ais and upper drop threshold of mis (TIS default 2; TRL's clip max). Must be >= 1
-    so that w = 1 is never changed."""
+    so that w = 1 is never changed. None = no upper bound (TRL's `vllm_importance_sampling_clip_max=None`)."""
     is_cap_min: float = 0.0
-    """C_min: lower drop threshold of mis (TRL's / verl's clip min; 0 = none). Must be in [0, 1]."""
+    """C_min: TRL's clip min. tis clamps from below at it (ω = clamp(w, C_min, C), TRL's *_truncate), mis drops
+    samples below it (TRL's *_mask). 0 = none. Must be in [0, 1]."""
     band_low: float = 0.5
     """Lower edge of correction `band` (IcePop): weights below it are zeroed. In (0, 1]."""
     band_high: float = 5.0
@@ -145,6 +228,15 @@ class CorrectionConfig:
     whole sequences)."""
     reject_threshold: float = 0.01
     """Samples whose aggregated statistic exceeds this are rejected (ω = 0)."""
+    reject_rules: tuple[str, ...] = ()
+    """Further rejection rules `STAT:AGG:THRESHOLD` (verl's chained rollout_rs: a sample must pass every rule, and
+    the reject_stat rule above if set). THRESHOLD may be k1's two-sided `LOWER_UPPER` ratio bounds (Geo-RS:
+    `k1:seq_mean:0.999_1.001`). In bypass mode the rules act on π_θ / μ inside the loss (verl's bypass)."""
+    rejected: str = "zero"
+    """What a sample with ω = 0 (rejected by reject_stat / reject_rules, or masked by mis / band) does to the loss:
+    `zero` (default; TRL's *_mask) keeps it in the loss normaliser with weight 0; `drop` (verl's rollout_rs) removes it
+    from the loss mask, so token means divide by the kept tokens only, and normalize_weights averages the weights
+    over all valid samples before rejection (verl)."""
     normalize_weights: bool = False
     """Divide ω by its mean over the batch's kept samples (batch normalisation to mean 1, as verl's option)."""
     bypass: bool = False
@@ -176,6 +268,10 @@ class CorrectionConfig:
         _one_of("CorrectionConfig", "reject_stat", self.reject_stat, REJECT_STATS)
         _one_of("CorrectionConfig", "reject_agg", self.reject_agg, REJECT_AGGS)
         _one_of("CorrectionConfig", "train_forward", self.train_forward, TRAIN_FORWARDS)
+        _one_of("CorrectionConfig", "rejected", self.rejected, REJECTED)
+        object.__setattr__(self, "reject_rules", tuple(self.reject_rules))  # config.json gives a list
+        for spec in self.reject_rules:
+            parse_reject_rule(spec)
         if not 0.0 <= self.is_cap_min <= 1.0:
             raise ValueError(f"CorrectionConfig.is_cap_min={self.is_cap_min}: the lower drop threshold must be in "
                              "[0, 1] (--is-cap-min; 0 = none), so that w = 1 is never dropped.")
@@ -188,9 +284,9 @@ class CorrectionConfig:
         if self.bypass and self.train_forward == "aligned":
             raise ValueError("CorrectionConfig: bypass (π_old := μ) and train_forward='aligned' (π_old from the "
                              "aligned forward) contradict each other; drop --bypass or --train-forward aligned.")
-        if not (self.is_cap >= 1.0 and math.isfinite(self.is_cap)):
+        if self.is_cap is not None and not (self.is_cap >= 1.0 and math.isfinite(self.is_cap)):
             raise ValueError(f"CorrectionConfig.is_cap={self.is_cap}: the cap C must be finite and >= 1 (a cap below "
-                             "1 would shrink on-policy weights w = 1); 2.0 is the TIS default.")
+                             "1 would shrink on-policy weights w = 1); 2.0 is the TIS default, None = no upper bound.")
         if not (self.log_w_clamp > 0.0 and math.isfinite(self.log_w_clamp)):
             raise ValueError(f"CorrectionConfig.log_w_clamp={self.log_w_clamp}: must be finite and > 0 (default 20, "
                              "so exp stays finite in float32).")
@@ -199,3 +295,10 @@ class CorrectionConfig:
         if not 0.0 <= self.ais_ema < 1.0:
             raise ValueError(f"CorrectionConfig.ais_ema={self.ais_ema}: the EMA factor must be in [0, 1); 0 disables "
                              "smoothing, values near 1 make λ react slowly.")
+
+    def rejection_rules(self) -> tuple[RejectRule, ...]:
+        """Every divergence-rejection rule: reject_stat / reject_agg / reject_threshold (if reject_stat is set), then
+        reject_rules. Empty = no rejection."""
+        first = () if self.reject_stat == "none" else (
+            RejectRule(self.reject_stat, self.reject_agg, self.reject_threshold),)
+        return first + tuple(parse_reject_rule(spec) for spec in self.reject_rules)

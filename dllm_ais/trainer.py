@@ -21,7 +21,7 @@ from dllm_ais import metrics as M
 from dllm_ais.advantages import group_advantages
 from dllm_ais.backend import Backend
 from dllm_ais.config import Preset
-from dllm_ais.correction import CorrectionOutput
+from dllm_ais.correction import CorrectionOutput, rejected_loss_mask
 from dllm_ais.distributed import correct_global, gather_rows, global_sum, rollout_diagnostics_global
 from dllm_ais.error_tokens import error_keep, repeated_ngram_fraction
 from dllm_ais.grpo import grpo_loss
@@ -219,6 +219,7 @@ class Trainer:
         with torch.no_grad():
             same = cc.bypass or self.rollout_model is self.master  # μ = π_old by construction
             logp_roll = logp_old if same else backend.rollout_token_logp(self.rollout_model, rollout, seed)
+            self._logp_rollout = logp_roll  # log μ for the off-policy mask (GRPOConfig.off_policy_mask_threshold)
             token_log_w = torch.where(mask, logp_old - logp_roll, 0)  # [B, L]
             if cc.bypass:
                 log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)  # zeros
@@ -358,6 +359,7 @@ class Trainer:
         t1 = time.perf_counter()
         corr, corr_metrics = self._correction(rollout, adv, logp_old[0], seeds[0])
         row.update(corr_metrics)
+        loss_mask = rejected_loss_mask(corr.omega, loss_mask, cfg.correction)  # rejected=drop: out of the mask (verl)
         row[M.time_key("mismatch")] = time.perf_counter() - t1
 
         t2 = time.perf_counter()
@@ -403,7 +405,9 @@ class Trainer:
                 with self._train_forward():
                     logp = backend.token_logp(self.model, rollout, seed, rows=idx)
                 out = grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo,
-                                weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx])
+                                weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx],
+                                logp_rollout=self._logp_rollout[idx],  # μ under the first iteration's masks
+                                bypass_correction=cfg.correction if cfg.correction.bypass else None)
                 # Each chunk's loss is a mean over its sequences (grpo, dr_grpo) or its tokens (bnpo, dapo); weight it
                 # by its share of the batch's sequences or tokens, so the sum equals the full-batch loss.
                 share = (mask[idx].sum() / tokens_per_process) if token_mean else idx.numel() / B

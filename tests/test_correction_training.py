@@ -37,6 +37,14 @@ OPTIONS = {
     "aligned": dict(correction={"train_forward": "aligned", "normalize_weights": True}),
     "aligned_token": dict(correction={"train_forward": "aligned", "correction_level": "token"}),
     "tbpo": dict(grpo={"loss_type": "tbpo", "error_mask_threshold": 0.5}),
+    # issue 20: verl's conventions (drop, chained two-sided k1, per-token dual clip) and TRL's (no cap, OPSM)
+    "verl_drop": dict(correction={"correction": "tis", "correction_level": "token", "rejected": "drop",
+                                  "normalize_weights": True, **parse_reject("k1:token:0,k1:seq_mean:0.5_2")},
+                      grpo={"clip_ratio_c": 3.0}),
+    "bypass_reject": dict(correction={"bypass": True, "rejected": "drop", **parse_reject("k3:token:0.001")},
+                          grpo={"off_policy_mask_threshold": 0.0}),
+    "trl_cispo": dict(correction={"correction": "token_truncate", "is_cap": None, "is_cap_min": 0.5},
+                      grpo={"loss_type": "cispo", "epsilon_high": 5.0}),
 }
 
 
@@ -54,7 +62,7 @@ def test_each_option_trains_and_logs_the_diagnostics(tmp_path, name):
         assert 0.0 <= row[M.CORR_REJECT_FRAC] <= 1.0 and 0.0 <= row[M.CORR_ESS] <= 1.0
         assert row[M.MISMATCH_PPL_TRAIN] >= 1.0 and row[M.MISMATCH_PPL_ROLLOUT] >= 1.0
         assert row[M.MISMATCH_CHI2_TOKEN] >= -1.0 and row[M.MISMATCH_K3_TOKEN] >= 0.0
-    if name == "bypass":  # π_old := μ: no measurable mismatch, every weight 1
+    if name.startswith("bypass"):  # π_old := μ: no measurable mismatch, every weight 1
         assert all(r[M.MISMATCH_KL_TOKEN] == 0.0 and r[M.CORR_OMEGA_MEAN] == 1.0 for r in rows)
     elif name.startswith("aligned"):  # the fake-quant forward reproduces μ: the remaining KL is far below BF16's
         for r in rows:
@@ -65,8 +73,13 @@ def test_each_option_trains_and_logs_the_diagnostics(tmp_path, name):
                 assert abs(r[M.MISMATCH_KL]) <= 0.01 * abs(r[M.MISMATCH_KL_BF16]), r
     else:  # FP8 rollouts: the diagnostics see the mismatch
         assert all(r[M.MISMATCH_CHI2_TOKEN] != 0.0 for r in rows)
-    if name == "reject_tokens":
+    if name in ("reject_tokens", "verl_drop"):
         assert all(0.0 < r[M.CORR_REJECT_FRAC] < 1.0 for r in rows)
+    if name == "bypass_reject":  # the loss's rejection on π_θ / μ (the FP8 mismatch itself) logs its own fraction
+        assert any(r[M.CORR_REJECT_FRAC] > 0.0 for r in rows) and all(r[M.CORR_REJECT_FRAC] < 1.0 for r in rows)
+        assert all(M.LOSS_OFF_POLICY_MASKED in r for r in rows)
+    if name == "verl_drop":
+        assert all(M.reject_frac_key("token_k1") in r and M.reject_frac_key("seq_mean_k1") in r for r in rows)
 
 
 def _final_weights(run):
@@ -97,13 +110,20 @@ def test_cli_flags_reach_the_configs():
         "train", "--correction", "band", "--band", "0.25", "4", "--correction-level", "geometric",
         "--reject", "k3:seq_mean:0.01", "--normalize-weights", "--bypass", "--loss-type", "tbpo", "--dual-clip", "2",
         "--mask-error-completions", "0.4", "--error-ngram", "3", "--is-cap", "3", "--is-cap-min", "0.1",
-        "--ais-target", "band"])
+        "--ais-target", "band", "--rejected", "drop"])
     p = _train_preset(args)
     c, g = p.correction, p.grpo
     assert (c.correction, c.band_low, c.band_high, c.correction_level) == ("band", 0.25, 4.0, "geometric")
     assert (c.reject_stat, c.reject_agg, c.reject_threshold) == ("k3", "seq_mean", 0.01)
     assert c.normalize_weights and c.bypass and (c.is_cap, c.is_cap_min, c.ais_target) == (3.0, 0.1, "band")
     assert (g.loss_type, g.dual_clip, g.error_mask_threshold, g.error_ngram) == ("tbpo", 2.0, 0.4, 3)
+    assert c.rejected == "drop"
+    p = _train_preset(build_parser().parse_args([
+        "train", "--reject", "k3:token:0.05,k1:seq_mean:0.999_1.001", "--no-is-cap", "--clip-ratio-c", "3",
+        "--off-policy-mask", "0.5", "--epsilon-high", "0.28"]))
+    c, g = p.correction, p.grpo
+    assert c.reject_stat == "none" and c.reject_rules == ("k3:token:0.05", "k1:seq_mean:0.999_1.001")
+    assert c.is_cap is None and (g.clip_ratio_c, g.off_policy_mask_threshold, g.epsilon_high) == (3.0, 0.5, 0.28)
     p = _train_preset(build_parser().parse_args(["train", "--correction", "token_mask", "--train-forward", "aligned"]))
     assert (p.correction.correction, p.correction.correction_level, p.correction.train_forward) == \
         ("mis", "token", "aligned")
