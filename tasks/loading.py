@@ -58,7 +58,8 @@ def read_rows(
         except Exception as err:  # offline, unknown name, unknown split: say what to do instead
             raise RuntimeError(
                 f"could not load split {split!r} of hub dataset {source!r} (config {config!r}): {err}. "
-                "Offline? pass a local .jsonl/.parquet file instead (train --data, eval --data-path)."
+                "Offline? pass data_path=<local .jsonl/.parquet file> instead (on the command line: train --data, "
+                "eval --data-path)."
             ) from err
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
