@@ -19,6 +19,7 @@ def _quiet_third_party_logs() -> None:
     for name in ("torchao", "torch.utils._pytree", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
+
 DEFAULT_PRESET = "tiny-cpu"
 """The preset used when --preset is not given (train, sample, eval)."""
 

@@ -456,10 +456,20 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                              "generations.jsonl; repeatable, pooled); needs --task")
 
 
+def _check_out_dir(out: str | None) -> None:
+    """--out names a directory: a file there, or a file among its parents, is one line before any model is loaded."""
+    if out is None:
+        return
+    for path in (Path(out), *Path(out).parents):
+        if path.exists() and not path.is_dir():
+            raise FileExistsError(f"--out {out}: {path} is a file, not a directory; choose another --out.")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run `dllm-ais eval`: evaluate at each gen length, print a table, write results under --out."""
     from dllm_ais.run_dir import CheckpointCorrupt
 
+    _check_out_dir(args.out)
     if args.score_file:
         return cmd_score_file(args)
     try:

@@ -211,6 +211,8 @@ def test_plot_and_variance_out_below_a_file(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
     rc, err, _ = _cli(["plot", str(run), "--keys", "reward/mean", "--out", str(taken / "c.png")])
     assert rc == 2 and f"{taken} is a file" in _one_line(err)
+    rc, err, _ = _cli(["eval", "--out", str(taken)])
+    assert rc == 2 and f"--out {taken}: {taken} is a file" in _one_line(err)
     rc, err, torch_imported = _cli(["variance", "--smoke", "--out", str(taken)])
     assert rc == 1 and f"--out {taken}: not a directory" in _one_line(err) and not torch_imported
 
