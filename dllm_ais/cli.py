@@ -311,6 +311,9 @@ def _preflight_train(preset, out: str, resume: bool) -> None:
     run = Path(out)
     if run.exists() and not run.is_dir():
         raise FileExistsError(f"--out {out}: a file of that name exists; --out names a run directory.")
+    for parent in run.parents:
+        if parent.exists() and not parent.is_dir():
+            raise FileExistsError(f"--out {out}: {parent} is a file, not a directory; choose another --out.")
     holds_run = (run / "config.json").exists() or (run / "metrics.jsonl").exists()
     if resume and not (run / "config.json").exists():
         raise FileNotFoundError(f"--resume: {run} holds no run (no config.json); drop --resume to start one there.")

@@ -201,6 +201,8 @@ def test_binary_jsonl_and_out_at_a_file_are_named(tmp_path):
     taken.write_text("x")
     rc, err, _ = _cli(["train", "--out", str(taken)])
     assert rc == 2 and f"--out {taken}: a file of that name exists" in _one_line(err)
+    rc, err, _ = _cli(["train", "--out", str(taken / "run")])
+    assert rc == 2 and f"{taken} is a file" in _one_line(err)
 
 
 def test_plot_and_variance_out_below_a_file(tmp_path):
