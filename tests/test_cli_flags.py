@@ -183,13 +183,17 @@ def test_resume_applies_and_records_steps_and_save_every(tmp_path):
 # 4. errors naming the file or flag ----------------------------------------------------------------------------------
 
 
-def test_corrupt_config_json_is_named_on_resume_and_eval(tmp_path):
+def test_corrupt_config_json_is_named_on_resume_and_eval(tmp_path, capsys):
     out = _saved_run(tmp_path)
     (out / "config.json").write_text('{"name": "tiny-cpu",\n  oops')
-    rc, err, _ = _cli(["train", "--resume", "--out", str(out)])
-    assert rc == 2 and f"{out / 'config.json'}:2: not valid JSON" in _one_line(err)
-    rc, err, _ = _cli(["eval", "--run", str(out)])
-    assert rc == 2 and f"{out / 'config.json'}:2: not valid JSON" in _one_line(err)
+    assert main(["train", "--resume", "--out", str(out)]) == 2
+    assert f"{out / 'config.json'}:2: not valid JSON" in _one_line(capsys.readouterr().err)
+    assert main(["eval", "--run", str(out)]) == 2
+    assert f"{out / 'config.json'}:2: not valid JSON" in _one_line(capsys.readouterr().err)
+    (out / "config.json").write_text('{"name": "tiny-cpu", "train": {"stepz": 3}}')
+    assert main(["eval", "--run", str(out)]) == 2
+    assert f"{out / 'config.json'}: config section 'train' has unknown field(s) ['stepz']" in _one_line(
+        capsys.readouterr().err)
 
 
 def test_binary_jsonl_and_out_at_a_file_are_named(tmp_path):
