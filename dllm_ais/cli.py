@@ -126,6 +126,10 @@ def _add_correction_args(p: argparse.ArgumentParser) -> None:
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
+    from dllm_ais.train_flags import check_device
+
+    check_device(args.device)
+
     from dllm_ais.models.load import encode_prompts
     from dllm_ais.train_job import family
 
@@ -401,14 +405,10 @@ def default_run_dir(preset_name: str, now: float | None = None, pid: int | None 
 def _device_and_backend_checks(preset) -> None:
     """Checks that need torch, still before the run directory exists: the device is there, the FP8 backend is known
     and runs on it."""
-    import torch
+    from dllm_ais.train_flags import check_device
 
     device = preset.model.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__}); use "
-                           "--device cpu, or a machine with a GPU and a CUDA build of torch.")
-    if device.startswith("mps") and not torch.backends.mps.is_available():
-        raise RuntimeError(f"--device {device}: MPS is not available here; use --device cpu.")
+    check_device(device)
     tc = preset.train
     if tc.rollout_precision == "fp8" or preset.correction.train_forward == "aligned":
         from dllm_ais.fp8.linear import check_backend

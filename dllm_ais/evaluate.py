@@ -468,10 +468,12 @@ def _check_out_dir(out: str | None) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run `dllm-ais eval`: evaluate at each gen length, print a table, write results under --out."""
     from dllm_ais.run_dir import CheckpointCorrupt
+    from dllm_ais.train_flags import check_device
 
     _check_out_dir(args.out)
     if args.score_file:
         return cmd_score_file(args)
+    check_device(args.device)
     try:
         loaded = load_for_eval(args.model, args.run, args.preset, device=args.device, dtype=args.dtype)
     except CheckpointCorrupt as e:

@@ -82,6 +82,20 @@ def resume_changes(saved: Preset, wanted: Preset, field_flags: dict[str, str]) -
     return [f for f in changed if f in RESUME_CHANGEABLE], [f for f in changed if f not in RESUME_CHANGEABLE]
 
 
+def check_device(device: str | None) -> None:
+    """Refuse a --device torch cannot use here (cuda on a CPU-only build or machine, mps off Apple silicon) with one
+    line, instead of a traceback or a silent fallback. Imports torch: call it after the torch-free checks."""
+    if device is None:
+        return
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__}); use "
+                           "--device cpu, or a machine with a GPU and a CUDA build of torch.")
+    if device.startswith("mps") and not torch.backends.mps.is_available():
+        raise RuntimeError(f"--device {device}: MPS is not available here; use --device cpu.")
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity, e.g. a container's or taskset's limit), not the machine's."""
     try:

@@ -116,6 +116,11 @@ def test_backend_and_device_are_checked_before_the_run_directory(tmp_path, monke
     line = _one_line(capsys.readouterr().err)
     assert all(n in line for n in names), line
     assert not out.exists()
+    if flags[0] == "--device":  # sample and eval refuse it the same way (were a traceback)
+        for command in (["sample", "--steps", "1"], ["eval", "--limit", "1", "--out", str(out)]):
+            assert main([*command, "--device", "cuda"]) == 2
+            assert "--device cuda: torch sees no CUDA device" in _one_line(capsys.readouterr().err)
+        assert not out.exists()
 
 
 def test_tensorboard_without_the_extra_fails_first(tmp_path, monkeypatch, capsys):
