@@ -20,12 +20,68 @@ def _quiet_third_party_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+DEFAULT_PRESET = "tiny-cpu"
+"""The preset used when --preset is not given (train, sample, eval)."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help with each flag's default (TRL-style): "(default: X)" after a fixed default; flags that default
+    to the preset's value are annotated by `_show_preset_defaults`. Help that already names its default is kept."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or "default" in text.lower()):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _section_of(preset, cls_name: str):
+    return {"ModelConfig": preset.model, "SamplerConfig": preset.sampler, "TrainConfig": preset.train,
+            "GRPOConfig": preset.grpo, "CorrectionConfig": preset.correction}.get(cls_name)
+
+
+def _show_preset_defaults(parser: argparse.ArgumentParser, command: str) -> None:
+    """Append "(default: the preset's; tiny-cpu: X)" to the help of each flag that takes its value from the preset
+    (default None and a config field in FIELD_FLAGS), X read from the default preset, so help never goes stale."""
+    preset = get_preset(DEFAULT_PRESET)
+    fields = _field_flags(command)
+    for action in parser._actions:
+        text = action.help or ""
+        if action.default is not None or not action.option_strings or "default" in text.lower():
+            continue
+        values = []
+        for key, flag in fields.items():
+            cls_name, _, name = key.partition(".")
+            section = _section_of(preset, cls_name)
+            if flag in action.option_strings and section is not None and hasattr(section, name):
+                values.append(getattr(section, name))
+        values = [v for v in values if v is not None and v is not False and v != [] and v != {}]
+        if values:
+            shown = " ".join(str(v) for v in values)
+            action.help = f"{text} (default: the preset's; {DEFAULT_PRESET}: {shown})".lstrip()
+
+
+def _move_to_group(parser: argparse.ArgumentParser, group, dests: tuple[str, ...]) -> None:
+    """Show the flags with these dests under `group` in --help (parsing is unchanged): flags that one helper function
+    adds together but that belong to different help sections."""
+    for action in parser._actions:
+        if action.dest not in dests:
+            continue
+        for other in parser._action_groups:
+            if action in other._group_actions and other is not group:
+                other._group_actions.remove(action)
+        if action not in group._group_actions:
+            group._group_actions.append(action)
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default tiny-cpu)")
+    p.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
     p.add_argument("--model", default=None, help="checkpoint directory or hub id of the preset's family (LLaDA "
                    "official layout; Qwen save_pretrained layout with a qwen preset); overrides the preset's")
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the preset's)")
-    p.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16 (default: preset's)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (refused where it is not "
+                   "available)")
+    p.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling noise and the tiny model's weights")
 
 
@@ -34,7 +90,8 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block length")
     p.add_argument("--steps", type=int, default=None, help="total denoising steps")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
-    p.add_argument("--remasking", default=None, choices=["low_confidence", "random"])
+    p.add_argument("--remasking", default=None, choices=["low_confidence", "random"],
+                   help="which masked positions each step commits: the most confident ones, or random ones")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
 
 
@@ -53,7 +110,8 @@ def _add_correction_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ais-target", default=None, choices=AIS_TARGETS, help="the full-IS mode AIS mixes towards")
     p.add_argument("--reject", default=None, metavar="STAT:AGG:THRESHOLD",
                    help="reject samples by divergence, e.g. k3:seq_mean:0.01 (k1|k2|k3 : token|seq_sum|seq_mean|"
-                   "seq_max), or none")
+                   "seq_max); several rules comma-separated (all must pass); k1 also takes ratio bounds LOWER_UPPER, "
+                   "e.g. k1:seq_mean:0.5_2; or none (default: none)")
     p.add_argument("--normalize-weights", action="store_true", help="normalise the weights to batch mean 1")
     p.add_argument("--bypass", action="store_true",
                    help="use the rollout policy as pi_old (skip the BF16 old-policy pass)")
@@ -80,6 +138,10 @@ def _add_correction_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
+
+    from dllm_ais.train_flags import check_device
+
+    check_device(args.device)
 
     from dllm_ais.models.load import encode_prompts
     from dllm_ais.train_job import family
@@ -178,22 +240,37 @@ FIELD_FLAGS = {
     "ModelConfig.dtype": "--dtype", "SamplerConfig.gen_length": "--gen-length", "SamplerConfig.block_length":
     "--block-length", "SamplerConfig.temperature": "--temperature", "SamplerConfig.remasking": "--remasking",
     "SamplerConfig.cfg_scale": "--cfg-scale", "CorrectionConfig.correction": "--correction",
+    "TrainConfig.fp4_format": "--fp4-format", "TrainConfig.tensorboard": "--tensorboard",
+    "CorrectionConfig.correction_level": "--correction-level", "CorrectionConfig.is_cap": "--is-cap",
+    "CorrectionConfig.is_cap_min": "--is-cap-min", "CorrectionConfig.band": "--band",
+    "CorrectionConfig.band_low": "--band", "CorrectionConfig.band_high": "--band",
+    "CorrectionConfig.ais_target": "--ais-target", "CorrectionConfig.reject_stat": "--reject",
+    "CorrectionConfig.reject_agg": "--reject", "CorrectionConfig.reject_threshold": "--reject",
+    "CorrectionConfig.normalize_weights": "--normalize-weights", "CorrectionConfig.bypass": "--bypass",
+    "CorrectionConfig.train_forward": "--train-forward", "GRPOConfig.loss_type": "--loss-type",
+    "GRPOConfig.dual_clip": "--dual-clip", "GRPOConfig.error_ngram": "--error-ngram",
+    "GRPOConfig.error_mask_threshold": "--mask-error-completions",
     "CorrectionConfig.rejected": "--rejected", "CorrectionConfig.reject_rules": "--reject",
-    "CorrectionConfig.is_cap_min": "--is-cap-min", "CorrectionConfig.is_cap": "--is-cap",
     "GRPOConfig.clip_ratio_c": "--clip-ratio-c", "GRPOConfig.epsilon_high": "--epsilon-high",
-    "GRPOConfig.off_policy_mask_threshold": "--off-policy-mask", "GRPOConfig.loss_type": "--loss-type",
+    "GRPOConfig.off_policy_mask_threshold": "--off-policy-mask",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""
+
+
+def _field_flags(command: str) -> dict[str, str]:
+    """FIELD_FLAGS as `command` reads them: sample's --steps is the sampler's, train's the trainer's."""
+    fields = dict(FIELD_FLAGS)
+    if command == "sample":
+        fields["SamplerConfig.steps"] = "--steps"
+        fields.pop("TrainConfig.steps")
+    return fields
 
 
 def name_flags(message: str, command: str) -> str:
     """'TrainConfig.steps=-1 must be >= 1.' -> '--steps -1 must be >= 1.' (fields without a flag stay as they are)."""
     import re
 
-    fields = dict(FIELD_FLAGS)
-    if command == "sample":
-        fields["SamplerConfig.steps"] = "--steps"  # sample's --steps is the sampler's, train's the trainer's
-        fields.pop("TrainConfig.steps")
+    fields = _field_flags(command)
 
     def flag(m: re.Match) -> str:
         name = fields.get(m.group(1))
@@ -202,10 +279,11 @@ def name_flags(message: str, command: str) -> str:
     return re.sub(r"\b([A-Z][A-Za-z]*Config\.[a-z_]+)(=?)", flag, message)
 
 
-def _train_preset(args: argparse.Namespace):
+def _train_preset(args: argparse.Namespace, base=None):
+    """The preset `train` runs: `base` (default the --preset) with the typed flags applied."""
     from dataclasses import replace
 
-    preset = get_preset(args.preset or "tiny-cpu")
+    preset = base if base is not None else get_preset(args.preset or DEFAULT_PRESET)
     train = override(preset.train, task=args.task, data_path=args.data, reward_fn=args.reward_fn,
                      reward_weights=_floats("--reward-weights", args.reward_weights), steps=args.steps,
                      rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
@@ -216,6 +294,18 @@ def _train_preset(args: argparse.Namespace):
         train = replace(train, task_config={})  # generator options belong to the preset's own task
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
                    train=train, **_correction_overrides(args, preset))
+
+
+def typed_flags(args: argparse.Namespace) -> dict[str, object]:
+    """{"--lr": 5.0, ...}: the flags the user typed (a value other than the parser's None/False default)."""
+    parser = getattr(args, "_parser", None)
+    if parser is None:
+        return {}
+    return {a.option_strings[-1] if a.option_strings[-1].startswith("--") else a.option_strings[0]:
+            getattr(args, a.dest)
+            for a in parser._actions
+            if a.option_strings and a.dest != "help" and (a.default is None or a.default is False)
+            and getattr(args, a.dest, None) is not None and getattr(args, a.dest, None) is not False}
 
 
 def _correction_overrides(args: argparse.Namespace, preset) -> dict:
@@ -243,16 +333,27 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
 
 def _preflight_train(preset, out: str, resume: bool) -> None:
     """Checks that need no torch, run before the heavy imports so bad input fails in well under a second:
-    the run directory, the task and a local --data file, a local --model directory."""
+    the run directory, the task and a local --data file, a local --model directory, the tensorboard extra."""
     from pathlib import Path
 
     run = Path(out)
+    if run.exists() and not run.is_dir():
+        raise FileExistsError(f"--out {out}: a file of that name exists; --out names a run directory.")
+    for parent in run.parents:
+        if parent.exists() and not parent.is_dir():
+            raise FileExistsError(f"--out {out}: {parent} is a file, not a directory; choose another --out.")
     holds_run = (run / "config.json").exists() or (run / "metrics.jsonl").exists()
     if resume and not (run / "config.json").exists():
         raise FileNotFoundError(f"--resume: {run} holds no run (no config.json); drop --resume to start one there.")
     if not resume and holds_run:
         raise FileExistsError(f"--out {run} already holds a run; pass --resume to continue it, or choose another "
                               "--out.")
+    if preset.train.tensorboard:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ImportError("--tensorboard needs the tensorboard package: pip install 'dllm-ais[tensorboard]' (or "
+                              "pip install tensorboard), or drop --tensorboard.")
     if resume:
         return  # the run's own config.json decides the rest
     from dllm_ais.tasks.loading import local_format
@@ -263,8 +364,10 @@ def _preflight_train(preset, out: str, resume: bool) -> None:
     except KeyError as e:
         raise ValueError(e.args[0]) from None
     data = preset.train.data_path
-    if data is not None and local_format(data) == "json":
-        task.load("train", data_path=data, limit=1)  # reads and checks every line of the file
+    if data is not None:
+        _check_data_path(data)
+        if local_format(data) == "json":
+            task.load("train", data_path=data, limit=1)  # reads and checks every line of the file
     path = preset.model.path
     if path is not None:
         local = Path(path).expanduser()
@@ -275,25 +378,98 @@ def _preflight_train(preset, out: str, resume: bool) -> None:
                 raise FileNotFoundError(f"--model {path}: no config.json, so not a checkpoint directory.")
 
 
+def _check_data_path(data: str) -> None:
+    """--data is a local .jsonl/.json/.parquet file, or a hub dataset name; anything on disk that is neither (a
+    directory, a CSV) or a missing local-looking path is refused here, not sent to the hub."""
+    from pathlib import Path
+
+    from dllm_ais.tasks.loading import LOCAL_FORMATS, local_format
+
+    local = Path(data).expanduser()
+    kinds = "/".join(LOCAL_FORMATS)
+    if local.is_dir():
+        raise ValueError(f"--data {data}: a directory; pass one {kinds} file inside it.")
+    file_like = local.suffix.lower() in (".csv", ".tsv", ".txt", ".xls", ".xlsx", ".arrow")
+    if local_format(data) is None and (local.exists() or data.startswith((".", "/", "~")) or file_like):
+        what = "no such file" if not local.exists() else f"a {local.suffix or 'suffix-less'} file"
+        raise ValueError(f"--data {data}: {what}; --data reads a local {kinds} file (convert a CSV with pandas: "
+                         "pd.read_csv(f).to_json(out, orient='records', lines=True)) or names a hub dataset.")
+
+
+def _resume_preset(args: argparse.Namespace, typed: dict[str, object], out: str):
+    """The preset a resumed run continues with: its config.json plus the flags that may change on resume (--steps,
+    --save-every); any other flag that differs from the run's value is refused, naming it."""
+    from dllm_ais.run_dir import read_run_config
+    from dllm_ais.train_flags import resume_changes
+
+    if "--preset" in typed:
+        raise ValueError("--preset cannot be combined with --resume: the run's config.json names its preset.")
+    saved = read_run_config(out)
+    wanted = _train_preset(args, base=saved)
+    _, refused = resume_changes(saved, wanted, FIELD_FLAGS)
+    if refused:
+        raise ValueError(f"--resume continues {out} with its config.json; {', '.join(refused)} cannot change on a "
+                         "resumed run (only --steps and --save-every can): drop them, or start a new run with another "
+                         "--out.")
+    return wanted
+
+
+def default_run_dir(preset_name: str, now: float | None = None, pid: int | None = None) -> str:
+    """runs/<preset>-<date>-<time>-<pid>: two runs started in the same second get different directories. Processes of
+    one `accelerate launch`/torchrun share the launcher's pid (their parent), so they agree on one directory."""
+    import os
+    import time
+
+    if pid is None:
+        pid = os.getppid() if "LOCAL_RANK" in os.environ else os.getpid()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"runs/{preset_name}-{stamp}-{pid}"
+
+
+def _device_and_backend_checks(preset) -> None:
+    """Checks that need torch, still before the run directory exists: the device is there, the FP8 backend is known
+    and runs on it."""
+    from dllm_ais.train_flags import check_device
+
+    device = preset.model.device
+    check_device(device)
+    tc = preset.train
+    if tc.rollout_precision == "fp8" or preset.correction.train_forward == "aligned":
+        from dllm_ais.fp8.linear import check_backend
+
+        try:
+            check_backend(tc.fp8_backend, device)
+        except ValueError as e:
+            raise ValueError(f"--fp8-backend {tc.fp8_backend}: {e}") from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import math
     import time
 
+    from dllm_ais.train_flags import check_combinations, default_threads, usable_cores
+
+    typed = typed_flags(args)
     preset = _train_preset(args)  # flags and config validation first: no heavy import yet
-    out = args.out or f"runs/{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out or default_run_dir(preset.name)
     _preflight_train(preset, out, args.resume)
+    if args.resume:
+        preset = _resume_preset(args, typed, out)
+    check_combinations(typed, preset)
+    threads = args.threads or default_threads(usable_cores())
 
     import torch
 
     from dllm_ais.metrics import REWARD_MEAN, STEP, read_metrics
     from dllm_ais.train_job import run_training
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _device_and_backend_checks(preset)
+    torch.set_num_threads(threads)
     done_before = {r.get(STEP) for r in read_metrics(out)} if args.resume else set()
     t0 = time.perf_counter()
     try:
-        run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps)
+        run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps,
+                     save_every=args.save_every)
     except KeyboardInterrupt:
         return 130
     seconds = time.perf_counter() - t0
@@ -312,47 +488,69 @@ def cmd_train(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm-ais", description="GRPO for diffusion LMs with FP8 rollouts and AIS.")
     sub = parser.add_subparsers(dest="command", required=True)
+    tiny = get_preset(DEFAULT_PRESET)
     p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)",
+                       formatter_class=HelpFormatter,
                        description="GRPO training of a diffusion (LLaDA) or autoregressive (Qwen) model with FP8 "
                                    "rollouts and an importance-sampling correction (default AIS). Without flags it "
-                                   "trains the tiny built-in LLaDA on the arith task on CPU: an SFT warm-up, then "
-                                   "GRPO steps; the run directory (--out) gets config.json, metrics.jsonl and "
-                                   "checkpoints/step-N, and --resume continues it.")
-    _add_model_args(p)
-    p.add_argument("--out", default=None, help="run directory (default runs/<preset>-<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--task", default=None, help="task: digits, arith, gsm8k, math500, countdown, sudoku")
-    p.add_argument("--data", default=None, help="local jsonl/parquet training file for the task")
-    p.add_argument("--reward-fn", action="append", default=None, metavar="MODULE:FUNCTION",
-                   help="TRL reward function 'package.module:function', called as TRL calls it (keyword "
-                        "arguments; message lists for chat prompts; None = not applicable). Repeatable; replaces the "
-                        "task's reward")
-    p.add_argument("--reward-weights", default=None, metavar="W[,W...]",
-                   help="one weight per --reward-fn, comma separated (default all 1); reward = weighted sum")
-    p.add_argument("--steps", type=int, default=None, help="GRPO steps")
-    p.add_argument("--lr", type=float, default=None, help="learning rate")
-    p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps (tiny default: 300)")
-    p.add_argument("--rollout-precision", default=None, choices=["bf16", "fp8", "fp4"])
-    p.add_argument("--fp8-backend", default=None, help="torch (CPU), triton, cublas, torchao, scaled_mm (row-wise), "
-                   "auto (fastest block backend per shape)")
-    p.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of --rollout-precision "
-                   "fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
-    _add_correction_args(p)
-    p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
-    p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
-    p.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_train, seed=None)
+                                   f"trains the tiny built-in LLaDA on the {tiny.train.task} task on CPU: an SFT "
+                                   f"warm-up of {tiny.train.sft_steps} steps, then {tiny.train.steps} GRPO steps; the "
+                                   "run directory (--out) gets config.json, metrics.jsonl and checkpoints/step-N, and "
+                                   "--resume continues it. Flags left out take the preset's value (shown as "
+                                   f"'{DEFAULT_PRESET}: ...'); every flag is checked before anything is written.")
+    _add_model_args(p.add_argument_group("model"))
+    data = p.add_argument_group("data and reward")
+    data.add_argument("--task", default=None, help="task: digits, arith, gsm8k, math500, countdown, sudoku")
+    data.add_argument("--data", default=None, help="local .jsonl/.json/.parquet training file for the task (offline); "
+                      "other strings are hub dataset names")
+    data.add_argument("--reward-fn", action="append", default=None, metavar="MODULE:FUNCTION",
+                      help="TRL reward function 'package.module:function', called as TRL calls it (keyword "
+                           "arguments; message lists for chat prompts; None = not applicable). Repeatable; replaces "
+                           "the task's reward")
+    data.add_argument("--reward-weights", default=None, metavar="W[,W...]",
+                      help="one weight per --reward-fn, comma separated (default all 1); reward = weighted sum")
+    rollout = p.add_argument_group("rollout")
+    rollout.add_argument("--rollout-precision", default=None, choices=["bf16", "fp8", "fp4"],
+                         help="precision of the rollout policy μ: fp8 (blockwise e4m3 copy, resynced every step), "
+                              "fp4 (emulated W4A4) or bf16 (the master itself: no mismatch, every weight 1)")
+    rollout.add_argument("--fp8-backend", default=None, help="FP8 GEMM of the rollout copy: torch (reference, CPU), "
+                         "triton (GPU, or CPU under TRITON_INTERPRET=1), cublas, torchao, scaled_mm (row-wise), auto "
+                         "(fastest block backend per shape)")
+    rollout.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of "
+                         "--rollout-precision fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
+    _add_correction_args(p.add_argument_group("correction (docs/corrections.md)"))
+    grpo = p.add_argument_group("GRPO")
+    grpo.add_argument("--steps", type=int, default=None, help="GRPO steps (each: rollouts, rewards, updates, sync)")
+    grpo.add_argument("--lr", type=float, default=None, help="AdamW learning rate of the GRPO updates")
+    grpo.add_argument("--sft-steps", type=int, default=None, help="masked-diffusion SFT warm-up steps before GRPO "
+                      "(0 = none)")
+    grpo.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
+    _move_to_group(p, grpo, ("loss_type", "dual_clip", "mask_error_completions", "error_ngram", "clip_ratio_c",
+                             "epsilon_high", "off_policy_mask_threshold"))
+    run = p.add_argument_group("run")
+    run.add_argument("--out", default=None, help="run directory (default runs/<preset>-<date>-<time>-<pid>)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint; "
+                     "only --steps and --save-every may change (applied and recorded in config.json)")
+    run.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0 = at the end and on "
+                     "Ctrl-C only)")
+    run.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb (needs the tensorboard "
+                     "extra: pip install 'dllm-ais[tensorboard]')")
+    run.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: the usable cores "
+                     "minus one, at least 1: with every core busy, one more process on the machine slows each step "
+                     "about 10x; see README)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train, seed=None, _parser=p)
+    _show_preset_defaults(p, "train")
 
     p = sub.add_parser("sample", help="generate completions with the masked-diffusion sampler",
                        description="Generate completions. Without --model or --run it samples the untrained tiny "
                                    "built-in model (random weights: gibberish); --run RUN_DIR samples a training "
                                    "run's latest checkpoint, --model takes a checkpoint directory, a run's "
-                                   "checkpoints/step-N, or a hub id.")
-    _add_model_args(p)
-    p.add_argument("--run", default=None, help="training run directory: sample its latest checkpoint")
-    _add_sampler_args(p)
+                                   "checkpoints/step-N, or a hub id.", formatter_class=HelpFormatter)
+    model = p.add_argument_group("model")
+    _add_model_args(model)
+    model.add_argument("--run", default=None, help="training run directory: sample its latest checkpoint")
+    _add_sampler_args(p.add_argument_group("sampler"))
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few built-in prompts")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the tokenizer's chat template")
     p.add_argument("--fp8", action="store_true", help="sample with the FP8 rollout copy (blockwise e4m3 linears)")
@@ -362,13 +560,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp4-format", default="nvfp4", choices=["nvfp4", "mxfp4"], help="FP4 format for --fp4")
     p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
     p.set_defaults(func=cmd_sample)
+    _show_preset_defaults(p, "sample")
     from dllm_ais.evaluate import add_eval_arguments, cmd_eval
     from dllm_ais.plot import add_plot_arguments, cmd_plot
 
-    p = sub.add_parser("eval", help="accuracy of a model, run or checkpoint on a task (d1 evaluation settings)")
+    p = sub.add_parser("eval", help="accuracy of a model, run or checkpoint on a task (d1 evaluation settings)",
+                       formatter_class=HelpFormatter)
     add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
-    p = sub.add_parser("plot", help="PNG curves (reward, lambda, ESS, divergence, mismatch KL) of one or more runs")
+    p = sub.add_parser("plot", help="PNG curves (reward, lambda, ESS, divergence, mismatch KL) of one or more runs",
+                       formatter_class=HelpFormatter)
     add_plot_arguments(p)
     p.set_defaults(func=cmd_plot)
     # listed for --help only: main() hands `variance ...` to dllm_ais/variance_cli.py's own parser

@@ -304,19 +304,15 @@ class EvalModel(NamedTuple):
 
 def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
     """The tokenizer saved beside the weights; else the preset's model's (the tiny tokenizer when it has no path)."""
-    from dllm_ais.models.load import resolve_checkpoint_dir
+    from dllm_ais.models.load import load_tokenizer, resolve_checkpoint_dir
     from dllm_ais.models.tiny import tiny_tokenizer
 
     if model_dir is not None and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        tokenizer = load_tokenizer(model_dir, model.config)
     elif preset.model.path is None:
         tokenizer = tiny_tokenizer()
     else:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir(preset.model.path)))
+        tokenizer = load_tokenizer(resolve_checkpoint_dir(preset.model.path), model.config)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = model.config.pad_token_id
@@ -340,13 +336,13 @@ def _load_dir(model_dir: Path, preset: Preset):
 def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path | None = None) -> EvalModel:
     """A training run's checkpoint (`ckpt`, default its latest): model/ directly, or the run's base model + adapter/
     merged."""
-    from dllm_ais.run_dir import MANIFEST, RunDir
+    from dllm_ais.run_dir import MANIFEST, RunDir, read_run_config
     from dllm_ais.train_job import SFT_DIR, family
 
     run = RunDir(run_path)
     if not run.config_file.is_file():
         raise FileNotFoundError(f"--run {run_path}: no config.json, so not a dllm-ais run directory.")
-    preset = Preset.from_dict(json.loads(run.config_file.read_text()))
+    preset = read_run_config(run_path)
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
     ckpt = run.latest() if ckpt is None else ckpt
     if ckpt is None:
@@ -460,17 +456,33 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                              "generations.jsonl; repeatable, pooled); needs --task")
 
 
+def _check_out_dir(out: str | None) -> None:
+    """--out names a directory: a file there, or a file among its parents, is one line before any model is loaded."""
+    if out is None:
+        return
+    for path in (Path(out), *Path(out).parents):
+        if path.exists() and not path.is_dir():
+            raise FileExistsError(f"--out {out}: {path} is a file, not a directory; choose another --out.")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run `dllm-ais eval`: evaluate at each gen length, print a table, write results under --out."""
     from dllm_ais.run_dir import CheckpointCorrupt
+    from dllm_ais.train_flags import check_device
 
+    _check_out_dir(args.out)
     if args.score_file:
         return cmd_score_file(args)
+    check_device(args.device)
     try:
         loaded = load_for_eval(args.model, args.run, args.preset, device=args.device, dtype=args.dtype)
     except CheckpointCorrupt as e:
         raise ValueError(str(e)) from e
     preset = loaded.preset
+    if args.model is None and args.run is None and preset.model.path is None:
+        print(f"note: no --model or --run: evaluating the UNTRAINED tiny built-in model (random weights, seed "
+              f"{preset.model.seed}), so expect accuracy near 0. Pass --run RUN_DIR (its latest checkpoint) or "
+              "--model CHECKPOINT_DIR.", file=sys.stderr)
     task = args.task or preset.train.task
     task_config = preset.train.task_config if task == preset.train.task else None
     check_protocol(args.protocol, task)

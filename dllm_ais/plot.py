@@ -19,6 +19,25 @@ from dllm_ais.atomic import atomic_file
 DEFAULT_KEYS = (M.REWARD_MEAN, M.AIS_LAMBDA, M.AIS_ESS, M.AIS_DIVERGENCE, M.MISMATCH_KL)
 """Metrics plotted by default: reward, AIS mixing coefficient λ, normalised ESS R, divergence D, mismatch KL."""
 
+TITLES = {M.MISMATCH_KL: f"{M.MISMATCH_KL}: estimate of KL(μ‖π_old)\nmean(−ℓ/L); noise can make it < 0"}
+"""Panel titles that need more than the metric's name (an estimator that can come out negative says so)."""
+
+
+def panel_title(key: str) -> str:
+    """Title of the panel plotting `key`."""
+    return TITLES.get(key, key)
+
+
+def check_out_path(out: Path) -> Path:
+    """The PNG to write for --out `out`: a directory gets curves.png inside it; a path below an existing file is a
+    one-line error naming the file (instead of mkdir's "[Errno 17] File exists")."""
+    if out.is_dir():
+        return out / "curves.png"
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise FileExistsError(f"--out {out}: {parent} is a file, not a directory; choose another --out.")
+    return out
+
 
 def _number(value) -> float:
     """A metrics value as float: numbers as is, "nan"/"inf" strings parsed, anything else NaN."""
@@ -103,6 +122,7 @@ def plot_runs(run_dirs: list, out_png: str | os.PathLike | None = None, keys=DEF
     if smooth < 1:
         raise ValueError(f"smooth={smooth} must be >= 1 (1 = no smoothing).")
     paths = [Path(d) for d in run_dirs]
+    out = check_out_path(Path(out_png) if out_png is not None else paths[0] / "curves.png")
     runs = [read_run(p) for p in paths]
     available = sorted({k for rows in runs for row in rows for k in row} - {M.STEP})
     missing = [k for k in keys if k not in available]
@@ -132,7 +152,7 @@ def plot_runs(run_dirs: list, out_png: str | os.PathLike | None = None, keys=DEF
                 ax.plot(xs, ys, color=color, linewidth=1.2, marker="." if len(xs) < 30 else None, label=label)
         if not drawn:
             ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes, color="gray")
-        ax.set_title(key, fontsize=10)
+        ax.set_title(panel_title(key), fontsize=10 if key not in TITLES else 8)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     for ax in axes[len(keys):]:
@@ -145,7 +165,6 @@ def plot_runs(run_dirs: list, out_png: str | os.PathLike | None = None, keys=DEF
     if handles:
         fig.legend(handles, labels, loc="outside upper center", ncols=min(4, len(handles)), fontsize=9)
 
-    out = Path(out_png) if out_png is not None else paths[0] / "curves.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(out) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
@@ -155,10 +174,11 @@ def plot_runs(run_dirs: list, out_png: str | os.PathLike | None = None, keys=DEF
 def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `dllm-ais plot`."""
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run directories (metrics.jsonl)")
-    parser.add_argument("--out", default=None, help="output PNG (default <first RUN_DIR>/curves.png)")
+    parser.add_argument("--out", default=None, help="output PNG, or a directory for curves.png in it (default "
+                        "<first RUN_DIR>/curves.png)")
     parser.add_argument("--keys", action="append", default=None, metavar="KEY[,KEY...]",
                         help=f"metrics to plot, repeatable or comma list (default {', '.join(DEFAULT_KEYS)})")
-    parser.add_argument("--smooth", type=int, default=1, help="moving-average window in steps (default 1: raw)")
+    parser.add_argument("--smooth", type=int, default=1, help="moving-average window in steps (1: raw curves)")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -17,13 +17,32 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from dllm_ais.atomic import atomic_dir, atomic_write_text
 from dllm_ais.config import Preset
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.pt"
+
+
+def read_run_config(run: str | os.PathLike) -> Preset:
+    """The Preset in `run`/config.json; a missing, unreadable or invalid file is one ValueError naming it."""
+    path = Path(run) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file, so {run} is not a dllm-ais run directory.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; the run's config is corrupt (restore it, or start a new run)."
+                         ) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}); the run's config is "
+                         "corrupt (restore it, or start a new run).") from None
+    if not isinstance(data, dict) or "name" not in data:
+        raise ValueError(f"{path}: not a dllm-ais run config (expected an object with 'name', 'model', 'train', ...).")
+    try:
+        return Preset.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 class CheckpointCorrupt(RuntimeError):
@@ -58,7 +77,7 @@ class RunDir:
             if not self.config_file.exists():
                 raise FileNotFoundError(f"--resume: {self.path} holds no run (no config.json); drop --resume to "
                                         "start one there.")
-            return Preset.from_dict(json.loads(self.config_file.read_text()))
+            return read_run_config(self.path)
         if self.holds_run():
             raise FileExistsError(f"--out {self.path} already holds a run; pass --resume to continue it, or choose "
                                   "another --out.")
@@ -83,6 +102,8 @@ class RunDir:
 
     def save_checkpoint(self, step: int, write_model: Callable[[Path], None], state: dict) -> Path:
         """Write checkpoint `step-N`: `write_model(dir)` fills the model files, `state` goes to trainer_state.pt."""
+        import torch
+
         name = f"step-{step:06d}"
         final = self.checkpoints / name
         with atomic_dir(final) as tmp:
@@ -114,4 +135,6 @@ class RunDir:
 
     @staticmethod
     def load_state(ckpt: Path) -> dict:
+        import torch
+
         return torch.load(ckpt / STATE, map_location="cpu", weights_only=True)

@@ -111,6 +111,7 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_si
     with _stop_at_step_end() as flag:
         for step in bar:
             if flag["stop"]:
+                bar.close()  # ends the progress bar's line: the message starts on its own
                 if checkpoint is not None:
                     _save_partial(checkpoint, model, opt, sched, step, gen, noise)
                     print(f"SFT warm-up interrupted after {step}/{steps} steps; saved to {checkpoint}. Run the same "

@@ -32,7 +32,7 @@ def task_rows_and_reward(preset: Preset):
         raise ValueError(e.args[0]) from None
     rows = task.load("train", data_path=tc.data_path, seed=tc.seed, **task_config_kwargs(task.load, tc.task_config))
     if not rows:
-        raise ValueError(f"task {tc.task!r} has no training rows (data_path={tc.data_path!r}).")
+        raise ValueError(f"task {tc.task!r} has no training rows (--data {tc.data_path}).")
     reward = load_reward_set(tc.reward_fn, tc.reward_weights, task.reward)
     return task, rows, reward
 
@@ -180,10 +180,11 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
 
 
 def run_training(preset: Preset, out: str | Path, resume: bool = False, progress: bool = True,
-                 steps: int | None = None) -> Trainer:
+                 steps: int | None = None, save_every: int | None = None) -> Trainer:
     """Create/resume the run in `out` and train to the end; returns the finished Trainer.
 
-    A resumed run uses the configuration saved in `out`; `steps` (if given) extends or shortens it.
+    A resumed run uses the configuration saved in `out`; `steps` / `save_every` (if given) change it, and the change
+    is recorded in config.json (the CLI refuses every other flag on resume: dllm_ais/train_flags.py).
     """
     from accelerate import PartialState
 
@@ -195,6 +196,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         preset = run.create(preset, resume=True)
     if steps is not None:
         preset = replace(preset, train=replace(preset.train, steps=steps))
+    if save_every is not None:
+        preset = replace(preset, train=replace(preset.train, save_every=save_every))
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
     if not resume:
         check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind

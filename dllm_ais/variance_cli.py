@@ -173,8 +173,19 @@ def format_table(results) -> str:
     return "\n".join(lines)
 
 
+def check_out_dir(out: Path) -> None:
+    """--out must be (or become) a directory: an existing file there, or a file among its parents, is a one-line
+    error before any model is loaded (was a FileExistsError traceback from mkdir after the imports)."""
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            where = "" if path == out else f" ({path} is a file)"
+            raise SystemExit(f"dllm-ais variance: error: --out {out}: not a directory{where}; --out names the output "
+                             "directory.")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_out_dir(Path(args.out))
     import logging
 
     for name in ("torchao", "torch.utils._pytree"):

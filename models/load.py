@@ -35,16 +35,24 @@ def load_model_and_tokenizer(cfg: ModelConfig) -> tuple[LLaDAModelLM, object]:
     dtype = getattr(torch, cfg.dtype)
     if cfg.path is None:
         return tiny_model(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_tokenizer()
-    from transformers import AutoTokenizer
-
     ckpt = resolve_checkpoint_dir(cfg.path)
     model = load_llada(ckpt, dtype=dtype, device=cfg.device)
-    tokenizer = AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=False)
+    tokenizer = load_tokenizer(ckpt, model.config)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = model.config.pad_token_id
     fill_token_ids_from_tokenizer(model.config, tokenizer)
     return model, tokenizer
+
+
+def load_tokenizer(directory: str | Path, config=None):
+    """AutoTokenizer of a checkpoint directory. `config` (the loaded model's) is handed to transformers: without it,
+    AutoTokenizer re-reads config.json, does not know model_type "llada", and warns "You are using a model of type
+    llada to instantiate a model of type ``" on every load."""
+    from transformers import AutoTokenizer
+
+    extra = {} if config is None else {"config": config}
+    return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False, **extra)
 
 
 EOT_TOKEN = "<|eot_id|>"

@@ -58,7 +58,8 @@ def read_rows(
         except Exception as err:  # offline, unknown name, unknown split: say what to do instead
             raise RuntimeError(
                 f"could not load split {split!r} of hub dataset {source!r} (config {config!r}): {err}. "
-                "Offline? pass data_path=<local .jsonl/.parquet file> instead."
+                "Offline? pass data_path=<local .jsonl/.parquet file> instead (on the command line: train --data, "
+                "eval --data-path)."
             ) from err
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
@@ -71,7 +72,10 @@ def read_json_rows(path: str) -> list[dict[str, Any]]:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no such file.")
-    text = file.read_text(encoding="utf-8")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); expected one JSON object per line.") from None
     if not text.strip():
         raise ValueError(f"{path}: the file is empty; expected one JSON object per line.")
     rows: list[Any] | None = None

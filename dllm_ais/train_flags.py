@@ -1,0 +1,112 @@
+"""Checks on `dllm-ais train` flags, run before anything is written: combinations that cannot do what was typed,
+what may change when a run is resumed, and the default number of CPU threads.
+
+Pure functions over the flags the user typed (`{"--is-cap": 3.0, ...}`) and the resulting Preset; no torch import,
+so a refused command fails in well under a second and leaves nothing on disk.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
+
+from dllm_ais.config import Preset
+
+
+def _mode(p: Preset) -> str:
+    """The weight a correction applies at its full-IS end: the correction itself, or AIS's target."""
+    c = p.correction
+    return c.ais_target if c.correction == "ais" else c.correction
+
+
+NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
+    ("--ais-target", lambda p: p.correction.correction == "ais", "--correction ais"),
+    ("--is-cap", lambda p: p.correction.correction in ("tis", "mis", "ais"), "--correction tis, mis or ais"),
+    ("--is-cap-min", lambda p: p.correction.correction != "none", "a --correction other than none"),
+    ("--band", lambda p: _mode(p) == "band", "--correction band (or --correction ais --ais-target band)"),
+    ("--dual-clip", lambda p: p.grpo.loss_type == "tbpo", "--loss-type tbpo"),
+    ("--fp4-format", lambda p: p.train.rollout_precision == "fp4", "--rollout-precision fp4"),
+)
+"""(flag, when the flag is read, what to add): a typed flag whose condition is false would be silently ignored."""
+
+NO_MISMATCH_FLAGS = ("--correction", "--ais-target", "--is-cap", "--is-cap-min", "--band")
+"""Flags that only shape the mismatch weights w = π_old/μ, which are all 1 when the rollouts are the BF16 master."""
+
+RESUME_CHANGEABLE = ("--steps", "--save-every", "--threads", "--no-progress", "--out", "--resume")
+"""Flags `--resume` applies: --steps and --save-every are applied and recorded in config.json; --threads and
+--no-progress do not belong to the run. Every other flag must repeat the run's value (or be left out)."""
+
+
+def check_combinations(typed: dict[str, object], preset: Preset) -> None:
+    """Raise ValueError (one line, naming the flags) for typed flags that the preset would ignore or contradict."""
+    threads = typed.get("--threads")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads {threads}: must be >= 1 (leave it out for the default).")
+    if preset.train.rollout_precision == "bf16":
+        idle = [f for f in NO_MISMATCH_FLAGS if f in typed and not (f == "--correction" and typed[f] == "none")]
+        if idle:
+            raise ValueError(f"{' / '.join(idle)} with --rollout-precision bf16: the rollout policy is the BF16 "
+                             "master itself, so every weight is 1 (ω ≡ 1) and the correction changes nothing; roll "
+                             "out in fp8 or fp4, or drop the correction flags.")
+    for flag, used, needs in NEEDS:
+        if flag in typed and not used(preset):
+            raise ValueError(f"{flag} has no effect here: it needs {needs}; drop {flag} or add that.")
+    from dllm_ais.rl_config import TRL_ALIASES
+
+    alias, level = typed.get("--correction"), typed.get("--correction-level")
+    if alias in TRL_ALIASES and level is not None and level != TRL_ALIASES[alias][1]:
+        raise ValueError(f"--correction {alias} is TRL's name for --correction {TRL_ALIASES[alias][0]} "
+                         f"--correction-level {TRL_ALIASES[alias][1]}; it contradicts --correction-level {level}. "
+                         f"Drop one of them.")
+
+
+def _leaves(obj, prefix: str = "") -> dict[str, object]:
+    """{"TrainConfig.steps": 200, ...} for every field of the preset's component configs."""
+    out: dict[str, object] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value):
+            out.update(_leaves(value))
+        elif prefix or type(obj).__name__ != "Preset":
+            out[f"{type(obj).__name__}.{f.name}"] = value
+    return out
+
+
+def resume_changes(saved: Preset, wanted: Preset, field_flags: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(flags applied on resume, flags refused): the fields where `wanted` (the saved preset with the typed flags
+    applied) differs from `saved`, named by their flag (`field_flags`, the CLI's FIELD_FLAGS)."""
+    old, new = _leaves(saved), _leaves(wanted)
+    changed = [field_flags.get(k, k) for k in old if old[k] != new[k]]
+    changed = list(dict.fromkeys(changed))
+    return [f for f in changed if f in RESUME_CHANGEABLE], [f for f in changed if f not in RESUME_CHANGEABLE]
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a --device torch cannot use here (cuda on a CPU-only build or machine, mps off Apple silicon) with one
+    line, instead of a traceback or a silent fallback. Imports torch: call it after the torch-free checks."""
+    if device is None:
+        return
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__}); use "
+                           "--device cpu, or a machine with a GPU and a CUDA build of torch.")
+    if device.startswith("mps") and not torch.backends.mps.is_available():
+        raise RuntimeError(f"--device {device}: MPS is not available here; use --device cpu.")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's or taskset's limit), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity API (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def default_threads(cores: int) -> int:
+    """Torch threads when --threads is not given: the usable cores minus one, at least 1. OpenMP threads spin-wait
+    for each other at every parallel region, so when another process keeps a core busy, a thread per core makes
+    every step wait for the descheduled one (measured on 2 cores: 13x slower per step); one core left free absorbs
+    one busy neighbour at a cost of 1.7x when the machine is idle (README, "Threads")."""
+    return max(1, cores - 1)
