@@ -55,11 +55,12 @@ def test_fused_logprobs_equal_unfused_torch_backend(shape, dtype):
     assert (a - _logp(model, ids, attn)).abs().max() > 1e-4  # the FP8 path is really in effect
 
 
-@pytest.mark.parametrize(("backend", "producers"), [("triton", "triton"), ("scaled_mm", None), ("torch", "triton")])
+@pytest.mark.parametrize(("backend", "producers"),
+                         [("triton", "triton"), ("scaled_mm", None), ("scaled_mm", "triton"), ("torch", "triton")])
 def test_fused_logprobs_equal_unfused_other_backends(backend, producers):
     """triton: producer kernels + Triton GEMM (interpreter on CPU); scaled_mm: producers that quantise per row (its
-    row-wise scheme); torch GEMM fed by the Triton producers (what every backend gets on CUDA). bf16 model, ragged
-    shape."""
+    row-wise scheme; torch twins, and the Triton row producers); torch GEMM fed by the Triton producers (what every
+    backend gets on CUDA). bf16 model, ragged shape."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if backend not in available_backends(device) or (producers == "triton" and "triton" not in available_backends(
             device)):  # fmt: skip

@@ -18,7 +18,7 @@ GEMM reads, so no pad / copy / layout change sits between producer and GEMM):
   rmsnorm_quant(x) -> qkv GEMM -> rope(q), rope(k) (no cat) -> SDPA -> attn_out_quant -> attn_out GEMM -> + x
   rmsnorm_quant(x) -> gate_up GEMM -> silu_mul_quant -> ff_out GEMM -> + x
 The BF16 copy runs the same fused structure on bf16 producer outputs; the row-wise scaled_mm backend gets producers
-that quantise per row (torch twins for now: the one backend whose CUDA path still quantises in torch).
+that quantise per row (row_producer_kernels.py / producers.*_rowquant).
 
 Weights: `build_fused_llada(master, backend)` and `sync_fused_llada(master, rollout)`; the master (plain or
 peft-wrapped LLaDAModelLM, LoRA merged on the fly as walker.effective_weight does) keeps the official names, the copy
@@ -80,20 +80,14 @@ def _producer_impl(scheme: str, kind: str) -> SimpleNamespace:
     if kind not in PRODUCERS:
         raise ValueError(f"unknown producers {kind!r}; choose one of {', '.join(PRODUCERS)}")
     if kind == "triton":
-        from . import ops
+        from . import ops as impl  # Triton: producer_kernels.py, row_producer_kernels.py
 
-        rope = ops.rope
-        if scheme == "block":
-            return SimpleNamespace(rmsnorm_quant=ops.rmsnorm_quant, silu_mul_quant=ops.silu_mul_quant,
-                                   attn_out_quant=ops.attn_out_quant, rope=rope)
+        rope = impl.rope
     else:
-        rope = producers.apply_rope
-        if scheme == "block":
-            return SimpleNamespace(rmsnorm_quant=producers.rmsnorm_quant, silu_mul_quant=producers.silu_mul_quant,
-                                   attn_out_quant=producers.attn_out_quant, rope=rope)
-    # row scheme: RoPE as chosen, the row-quantising producers as torch twins (no Triton row producer yet)
-    return SimpleNamespace(rmsnorm_quant=producers.rmsnorm_rowquant, silu_mul_quant=producers.silu_mul_rowquant,
-                           attn_out_quant=producers.attn_out_rowquant, rope=rope)
+        impl, rope = producers, producers.apply_rope
+    suffix = "quant" if scheme == "block" else "rowquant"
+    return SimpleNamespace(rmsnorm_quant=getattr(impl, f"rmsnorm_{suffix}"), silu_mul_quant=getattr(
+        impl, f"silu_mul_{suffix}"), attn_out_quant=getattr(impl, f"attn_out_{suffix}"), rope=rope)
 
 
 class FusedLLaDABlock(nn.Module):
