@@ -193,14 +193,15 @@ class Trainer:
         return rollout
 
     def _record_fp8_backends(self, rollout) -> None:
-        """Write the FP8 backend each layer shape runs (`auto` resolved) to <run>/fp8_backends.json, for the record."""
+        """Keep (self.fp8_backends) and write to <run>/fp8_backends.json the FP8 backend each layer shape runs (`auto`
+        resolved at build time), for the record."""
         import json
 
         from dllm_ais.atomic import atomic_write_text
         from dllm_ais.fp8.linear import backend_choices
 
-        choices = backend_choices(rollout)
-        if choices and self.acc.is_main_process:
+        self.fp8_backends = choices = backend_choices(rollout)
+        if choices and self.acc.is_main_process and self.run.path.is_dir():
             atomic_write_text(self.run.path / "fp8_backends.json", json.dumps(choices, indent=2, sort_keys=True))
 
     def _sync_rollout(self) -> None:
