@@ -87,7 +87,8 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 @pytest.mark.parametrize("name", ["quantize_model", "sync_weights", "BACKENDS", "check_backend", "effective_weight",
                                   "quantizable_layers", "quantized_copy", "canonical_name", "_linear_layers",
-                                  "_outer_dim_major", "torchao_blockwise_gemm", "_QUANTIZE_INTO", "FP8BackendError"])
+                                  "_outer_dim_major", "torchao_blockwise_gemm", "_QUANTIZE_INTO", "FP8BackendError",
+                                  "_AUTO_CHOICES", "_copy_memo", "_gemm_cublas"])
 def test_moved_names_still_import_from_linear(name):
     from dllm_ais.fp8 import linear
 

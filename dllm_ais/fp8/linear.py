@@ -261,7 +261,14 @@ _WHERE = {name: (module, name) for module, names in _MOVED.items() for name in n
 
 def __getattr__(name: str):
     """`from dllm_ais.fp8.linear import quantize_model` (and the other moved names) keeps working."""
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _WHERE[name]
-    return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+    if name in _WHERE:
+        module, attr = _WHERE[name]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+    for module in ("backends", "walker", "quantize", "sync"):  # any other name that moved (private ones included)
+        found = getattr(importlib.import_module(f"{__package__}.{module}"), name, _MISSING)
+        if found is not _MISSING:
+            return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_MISSING = object()
