@@ -198,3 +198,22 @@ def test_auto_on_gpu_picks_a_candidate_once_per_bucket():
     rel = ((y.float() - ref).norm() / ref.norm()).item()
     assert rel < CUBLAS_REL_BOUND, rel
     fp8_linear.clear_auto_choices()
+
+
+@pytest.mark.parametrize("M", [1, 37])
+def test_producer_scales_are_what_cublas_reads_without_a_copy(M):
+    """The Triton producers emit 1×128 scales [M, K/128] with stride (1, M): cuBLAS's blockwise layout, passed on
+    as is (outer_dim_major returns the same tensor); the row producers emit [M, 1] for scaled_mm."""
+    if unavailable_reason("triton", DEVICE) is not None:
+        pytest.skip(unavailable_reason("triton", DEVICE))
+    from dllm_ais.fp8 import ops
+
+    x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16().to(DEVICE)
+    att = x.view(M, 1, 2, 128).transpose(1, 2)  # [B=M, H=2, T=1, D=128]
+    produced = [ops.rmsnorm_quant(x, torch.ones(256, device=DEVICE), 1e-5), ops.silu_mul_quant(x, x),
+                ops.attn_out_quant(att)]
+    for q, s in produced:
+        assert q.shape == (M, 256) and s.shape == (M, 2) and fp8_linear.outer_dim_major(s) is s
+    for q, s in (ops.rmsnorm_rowquant(x, torch.ones(256, device=DEVICE), 1e-5), ops.silu_mul_rowquant(x, x),
+                 ops.attn_out_rowquant(att)):
+        assert q.shape == (M, 256) and s.shape == (M, 1) and s.is_contiguous()
