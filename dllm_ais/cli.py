@@ -176,7 +176,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.fp8 and args.fp4:
         raise ValueError("use --fp8 or --fp4, not both")
     if args.fp8:
-        from dllm_ais.fp8.linear import quantize_model
+        from dllm_ais.fp8.quantize import quantize_model
 
         model = quantize_model(model, backend=args.backend)
     elif args.fp4:

@@ -131,7 +131,8 @@ class TrainConfig:
     """Rollout policy μ: `fp8` (FP8 copy of the master, resynced after every step), `fp4` (emulated W4A4 FP4 copy,
     resynced likewise; numerics only, no speedup without Blackwell FP4 tensor cores) or `bf16` (the master itself)."""
     fp8_backend: str = "torch"
-    """FP8 GEMM backend of the rollout copy: torch (reference, CPU), triton, scaled_mm, torchao."""
+    """FP8 GEMM backend of the rollout copy: torch (reference, CPU), triton, cublas, scaled_mm, torchao, or auto
+    (timed once per layer shape when the copy is built; cuBLAS kept unless clearly slower — the LLaDA GPU presets)."""
     fp4_format: str = "nvfp4"
     """FP4 format of an `fp4` rollout copy: nvfp4 (16-blocks, e4m3 + fp32 scales) or mxfp4 (32-blocks, e8m0 scales)."""
     mismatch_num_draws: int = 4
@@ -243,7 +244,7 @@ def _d1(name: str, task: str, description: str) -> Preset:
         SamplerConfig(gen_length=256, block_length=32, steps=128, temperature=0.9),
         TrainConfig(task=task, steps=2000 if task in ("countdown", "sudoku") else 4000, prompts_per_step=1,
                     learning_rate=3e-6, weight_decay=0.1, max_grad_norm=0.2, gradient_accumulation_steps=2,
-                    fp8_backend="triton", lora_r=128, lora_alpha=64.0, save_every=100),
+                    fp8_backend="auto", lora_r=128, lora_alpha=64.0, save_every=100),
         GRPOConfig(num_generations=6, scale_rewards="none", epsilon=0.5, beta=0.04, loss_type="grpo",
                    max_completion_length=256, num_iterations=12),
     )

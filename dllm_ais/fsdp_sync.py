@@ -6,7 +6,7 @@ weight: `gathered(layer)` swaps the layer's DTensor parameters for their `full_t
 duration of one requantisation, so the peak extra memory is one layer's weight, never the whole model. Every rank
 takes part in every gather (same layer order everywhere) and ends with the same rollout copy.
 
-The per-layer work is `sync_weights`' (dllm_ais/fp8/linear.py): LoRA merged on the fly, FP8 layers requantised in
+The per-layer work is `sync_weights`' (dllm_ais/fp8/sync.py): LoRA merged on the fly, FP8 layers requantised in
 place, every other tensor copied by canonical name.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from dllm_ais.fp8.linear import sync_weights
+from dllm_ais.fp8.sync import sync_weights
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -87,13 +87,14 @@ def _batch_rows(rows: list[dict], step: int, per_step: int, rank: int, world: in
     return out
 
 
-def _fp8_rollout(master, tc):
-    from dllm_ais.fp8.linear import quantize_model
+def _fp8_rollout(master, tc, expected_m: int | None = None):
+    from dllm_ais.fp8.quantize import quantize_model
     from dllm_ais.models import qwen_rollout
 
     if qwen_rollout.supports(master):  # Qwen3: fused static-cache rollout copy (models/qwen_rollout.py)
         return qwen_rollout.rollout_copy(master, fp8_backend=tc.fp8_backend)
-    return quantize_model(master, backend=tc.fp8_backend)
+    # `auto` is timed here, once, for expected_m activation rows (rollout batch × canvas), never while compiling
+    return quantize_model(master, backend=tc.fp8_backend, expected_m=expected_m)
 
 
 def _fp4_rollout(master, tc):
@@ -104,6 +105,12 @@ def _fp4_rollout(master, tc):
 
 # TrainConfig.rollout_precision -> (BF16 master, TrainConfig) -> rollout policy μ (the master itself for bf16)
 _ROLLOUT_BUILDERS = {"bf16": lambda master, tc: master, "fp8": _fp8_rollout, "fp4": _fp4_rollout}
+
+
+def _expected_rollout_rows(preset: Preset) -> int:
+    """Activation rows of one rollout forward, for `auto`'s timing: prompts × generations × (gen_length + a 64-token
+    prompt guess); only its power-of-two bucket matters."""
+    return preset.train.prompts_per_step * preset.grpo.num_generations * (preset.sampler.gen_length + 64)
 
 
 class Trainer:
@@ -175,11 +182,27 @@ class Trainer:
     def _make_rollout_model(self):
         from dllm_ais.models.qwen_rollout import QwenRollout
 
-        rollout = _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
+        if self.tc.rollout_precision == "fp8":
+            rollout = _fp8_rollout(self.master, self.tc, expected_m=_expected_rollout_rows(self.cfg))
+            self._record_fp8_backends(rollout)
+        else:
+            rollout = _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
         if self.fsdp and isinstance(rollout, QwenRollout):
             raise ValueError("FSDP with FP8 rollouts of a Qwen3 model is not supported (its fused static-cache copy is "
                              "synced from full weights only); use DDP (distributed_type: MULTI_GPU) with LoRA.")
         return rollout
+
+    def _record_fp8_backends(self, rollout) -> None:
+        """Keep (self.fp8_backends) and write to <run>/fp8_backends.json the FP8 backend each layer shape runs (`auto`
+        resolved at build time), for the record."""
+        import json
+
+        from dllm_ais.atomic import atomic_write_text
+        from dllm_ais.fp8.linear import backend_choices
+
+        self.fp8_backends = choices = backend_choices(rollout)
+        if choices and self.acc.is_main_process and self.run.path.is_dir():
+            atomic_write_text(self.run.path / "fp8_backends.json", json.dumps(choices, indent=2, sort_keys=True))
 
     def _sync_rollout(self) -> None:
         if self.rollout_model is not self.master:
@@ -188,7 +211,7 @@ class Trainer:
 
                 sync_weights_sharded(self.master, self.rollout_model)
                 return
-            from dllm_ais.fp8.linear import sync_weights  # refills FP8Linear and FP4Linear alike
+            from dllm_ais.fp8.sync import sync_weights  # refills FP8Linear and FP4Linear alike
             from dllm_ais.models.qwen_rollout import QwenRollout, sync_qwen_rollout
 
             sync = sync_qwen_rollout if isinstance(self.rollout_model, QwenRollout) else sync_weights
@@ -198,8 +221,8 @@ class Trainer:
         """Context of every π_θ / π_old forward of the master: plain, or QaRL's aligned fake-quant forward."""
         if self.cfg.correction.train_forward != "aligned":
             return contextlib.nullcontext()
+        from dllm_ais.fp8.backends import BACKENDS
         from dllm_ais.fp8.fake_quant import aligned_forward
-        from dllm_ais.fp8.linear import BACKENDS
 
         return aligned_forward(self.master, BACKENDS[self.tc.fp8_backend].scheme)
 

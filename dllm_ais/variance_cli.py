@@ -4,7 +4,7 @@
     dllm-ais variance --smoke --out /tmp/v                    # seconds (or: python scripts/variance.py ...)
     dllm-ais variance --model DIR --dtype bfloat16 --device cuda --out runs/variance-8b
 
-Model a is the trainer copy (--dtype), model b its FP8 copy (`dllm_ais.fp8.linear.quantize_model`). Sequences are
+Model a is the trainer copy (--dtype), model b its FP8 copy (`dllm_ais.fp8.quantize.quantize_model`). Sequences are
 sampled from a few prompts with the diffusion sampler (by the FP8 copy, as rollouts are), or read from --data (jsonl
 with "prompt" and "completion" text). For each estimator of `dllm_ais.likelihood.variance.ESTIMATORS` and each K,
 ℓ is estimated R times per sequence with independent randomness; the std over the R estimates, averaged over
@@ -75,7 +75,7 @@ def load_models(args):
     model, tokenizer = load_model_and_tokenizer(ModelConfig(path=args.model, dtype=args.dtype, device=device,
                                                             seed=args.seed))
     try:
-        from dllm_ais.fp8.linear import quantize_model
+        from dllm_ais.fp8.quantize import quantize_model
     except ImportError:
         return model, weight_fp8_standin(model), tokenizer, "weight-only e4m3 stand-in (dllm_ais.fp8 missing)"
     return model, quantize_model(model, backend=args.fp8_backend), tokenizer, f"quantize_model({args.fp8_backend})"

@@ -10,7 +10,7 @@ Weights: the master (a transformers Qwen3ForCausalLM, possibly peft-wrapped) kee
 copy holds `wqkv` = cat(q_proj, k_proj, v_proj) [(H + 2·KV)·D, d] and `gate_up` = cat(gate_proj, up_proj) [2·I, d] per
 layer, as nn.Linear (BF16/fp32 copy) or `dllm_ais.fp8.FP8Linear` (FP8 copy: one activation quantisation per input,
 by construction: 4 per layer instead of 7). `sync_qwen_rollout(master, rollout)` refreshes every tensor in place from
-the master (LoRA merged on the fly, as fp8/linear.py's `effective_weight` does), so buffer addresses — and any
+the master (LoRA merged on the fly, as fp8/walker.py's `effective_weight` does), so buffer addresses — and any
 captured CUDA graph — stay valid. FP8 note: the 128×128 weight blocks of a fused matrix may straddle the q/k/v (or
 gate/up) boundary when H·D or I is not a multiple of 128 (the tiny model; not Qwen3-8B): the fused copy is then a
 slightly different μ than three separately quantised layers, and the recorded log-probs are the fused copy's own.
@@ -177,7 +177,8 @@ def _plain_linear(dtype: torch.dtype, device):
 
 
 def _fp8_linear(backend: str, device):
-    from dllm_ais.fp8.linear import FP8Linear, check_backend
+    from dllm_ais.fp8.backends import check_backend
+    from dllm_ais.fp8.linear import FP8Linear
 
     check_backend(backend, device)
 
@@ -336,10 +337,10 @@ def rollout_copy(master: nn.Module, fp8_backend: str | None = None) -> QwenRollo
 
 def _master_tensors(master: nn.Module) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
     """Canonical name -> linear layer (LoRA wrapper preferred) and canonical name -> parameter/buffer."""
-    from dllm_ais.fp8.linear import _is_peft_root, _linear_layers, canonical_name
+    from dllm_ais.fp8.walker import canonical_name, is_peft_root, linear_layers
 
-    peft = _is_peft_root(master)
-    layers = {canonical_name(n, peft): m for n, m in _linear_layers(master).items()}
+    peft = is_peft_root(master)
+    layers = {canonical_name(n, peft): m for n, m in linear_layers(master).items()}
     tensors = {canonical_name(n, peft): t for n, t in master.named_parameters()}
     return layers, tensors
 
@@ -355,7 +356,7 @@ def _load_linear(layer: nn.Module, weight: torch.Tensor) -> None:
 @torch.no_grad()
 def sync_qwen_rollout(master: nn.Module, rollout: QwenRollout) -> None:
     """Copy the master's current weights into `rollout` in place (LoRA merged on the fly; nothing reallocated)."""
-    from dllm_ais.fp8.linear import effective_weight
+    from dllm_ais.fp8.walker import effective_weight
 
     layers, tensors = _master_tensors(master)
 

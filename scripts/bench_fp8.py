@@ -36,7 +36,8 @@ from torch import nn  # noqa: E402
 
 from dllm_ais import bench_env  # noqa: E402
 from dllm_ais.fp8 import BACKENDS, FP8Linear, quant, quantize_model, sync_weights, unavailable_reason  # noqa: E402
-from dllm_ais.fp8.linear import _outer_dim_major, torchao_blockwise_gemm  # noqa: E402
+from dllm_ais.fp8.backends import outer_dim_major as _outer_dim_major  # noqa: E402
+from dllm_ais.fp8.ops import torchao_blockwise_gemm  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GEMM_M = {"full": [2048, 8192, 32768], "smoke": [32]}

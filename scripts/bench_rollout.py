@@ -25,6 +25,11 @@ peak_mem_ratio_vs_bf16_eager against the BF16 rows of the same shape. Compiled r
 option on CPU: skipped there); a backend that cannot run here is "skipped" with the reason, a measurement that fails
 (e.g. out of memory) "failed" with the error. Without CUDA and without --smoke every row is skipped: nothing is
 estimated.
+--no-compile / --compiled-only keep one kind of row (scripts/gpu_check.py runs them as two stages); --budget-s S
+starts no new variant after S seconds (its rows are written "skipped" with that reason), so a stage fits a time
+limit; --profile PATH writes a torch.profiler table (CUDA time per op) of ONE forward of the first FP8 variant that
+measured ok, at the largest shape. FP8 copies are built with expected_m = batch × canvas of the largest shape
+(`auto` is timed then, never inside the compiled sampler).
 --out appends one JSON line per row; --json writes one object {device, torch, triton, git_sha, rows,
 rollout_fp8_vs_bf16_best, rollout_fp8_vs_bf16_eager, rollout_fp8_peak_mem_ratio} (floats or null), where fp8 = the
 fastest FP8 row and the shape is the largest measured (batch 32, gen 256 by default); the memory ratio is that FP8
@@ -135,7 +140,7 @@ class Variant(NamedTuple):
     compiled: bool
     """SamplerConfig.compile (CUDA only)."""
 
-    def build(self, master: nn.Module) -> nn.Module:
+    def build(self, master: nn.Module, expected_m: int | None = None) -> nn.Module:
         if self.model == "master":
             return master
         if self.precision == "bf16":
@@ -144,14 +149,33 @@ class Variant(NamedTuple):
             return build_fused_llada(master, None)
         from dllm_ais.fp8 import quantize_model
 
-        return quantize_model(master, backend=self.backend)
+        return quantize_model(master, backend=self.backend, expected_m=expected_m)
 
 
-def variants(backends: list[str], compile_too: bool) -> list[Variant]:
+def variants(backends: list[str], compile_too: bool, eager_too: bool = True) -> list[Variant]:
     """BF16 master eager first (the reference), then BF16 master compiled, BF16 fused, each FP8 backend (fused)."""
     kinds = [("bf16", None, "master"), ("bf16", None, "fused")] + [("fp8", b, "fused") for b in backends]
-    out = [Variant(p, b, m, c) for p, b, m in kinds for c in ((False, True) if compile_too else (False,))]
-    return out
+    modes = [c for c, keep in ((False, eager_too), (True, compile_too)) if keep]
+    return [Variant(p, b, m, c) for p, b, m in kinds for c in modes]
+
+
+@torch.no_grad()
+def profile_table(model, batch: int, seq: int, device: torch.device, rows: int = 30) -> str:
+    """torch.profiler table (ops sorted by device time) of ONE forward of `model` on random ids [batch, seq]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config = model.config
+    g = torch.Generator(device=device).manual_seed(7)
+    ids = torch.randint(0, config.mask_token_id, (batch, seq), generator=g, device=device)
+    mask = torch.ones(batch, seq, dtype=torch.bool, device=device)
+    model(ids, attention_mask=mask)  # warm-up (autotuning outside the profile)
+    bench_env.sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        model(ids, attention_mask=mask)
+        bench_env.sync(device)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 def _skip_reason(v: Variant, device: torch.device, smoke: bool) -> str | None:
@@ -216,8 +240,14 @@ def run(args, device: torch.device, size: str, emit) -> list[dict]:
                     precision=v.precision, backend=v.backend, model=v.model, compiled=v.compiled)
 
     master = None
-    for v in variants(args.backends, not args.no_compile):
+    started = time.perf_counter()
+    largest = max(grid)
+    expected_m = largest[0] * (args.prompt_len + largest[1])  # rows of one forward at the largest shape
+    profiled = not args.profile
+    for v in variants(args.backends, not args.no_compile, not args.compiled_only):
         reason, status = _skip_reason(v, device, args.smoke), "skipped"
+        if reason is None and args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+            reason = f"time budget: --budget-s {args.budget_s} s spent before this variant started"
         if reason is None and master is None:
             master = random_llada(LLaDAConfig(**shape), seed=0, device=device)
         info: dict = {}
@@ -226,7 +256,7 @@ def run(args, device: torch.device, size: str, emit) -> list[dict]:
             try:
                 bench_env.sync(device)
                 t0 = time.perf_counter()
-                model = v.build(master)
+                model = v.build(master, expected_m)
                 bench_env.sync(device)
                 info["build_s"] = time.perf_counter() - t0
                 if model is not master:
@@ -242,6 +272,12 @@ def run(args, device: torch.device, size: str, emit) -> list[dict]:
                 add({**rec, **info, **measure(model, batch, gen_length, v.compiled, args, device), "status": "ok"})
             except Exception as e:  # e.g. out of memory at batch 32: record it and go on
                 add({**rec, **info, "status": "failed", "reason": bench_env.error_reason(e)})
+                continue
+            if not profiled and v.precision == "fp8" and not v.compiled and (batch, gen_length) == largest:
+                profiled = True
+                table = profile_table(model, batch, args.prompt_len + gen_length, device)
+                atomic_write_text(Path(args.profile), f"# one forward, fp8 {v.backend}, [{batch}, "
+                                  f"{args.prompt_len + gen_length}], {bench_env.device_name(device)}\n\n{table}\n")
             if device.type == "cuda":
                 torch._dynamo.reset()  # frees compiled graphs and their CUDA-graph pools
                 torch.cuda.empty_cache()
@@ -259,6 +295,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "rollout.jsonl"), help="JSONL file to append to")
     parser.add_argument("--json", help="also write one JSON object (environment, rows, summary ratios) here")
     parser.add_argument("--no-compile", action="store_true", help="eager rows only (no torch.compile time)")
+    parser.add_argument("--compiled-only", action="store_true", help="compiled rows only (CUDA)")
+    parser.add_argument("--budget-s", type=float, help="start no new variant after this many seconds")
+    parser.add_argument("--profile", help="write a torch.profiler table of one FP8 forward here")
     parser.add_argument("--batch", type=int, nargs="+", help="batch sizes (default 8 32; smoke 2)")
     parser.add_argument("--gen-length", type=int, nargs="+", help="completion lengths (default 128 256; smoke 16)")
     parser.add_argument("--block-length", type=int, help="semi-autoregressive block (default 32; smoke 8)")
@@ -269,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
                              "torchao)")
     parser.add_argument("--repeats", type=int, help="timed calls per measurement, median (default 1)")
     args = parser.parse_args(argv)
+    if args.no_compile and args.compiled_only:
+        parser.error("--no-compile and --compiled-only exclude each other (drop one)")
     size = "smoke" if args.smoke else "full"
     for key, value in DEFAULTS[size].items():
         if getattr(args, key) is None:

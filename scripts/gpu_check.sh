@@ -2,9 +2,15 @@
 # GPU session entry point: install the project into the device image's Python (DESIGN.md §7: the image already has
 # torch, triton, transformers, accelerate, peft, …; --no-deps so pip never replaces its CUDA torch), then run
 # scripts/gpu_check.py with the given arguments (tests on CUDA + every GPU benchmark + summary; see its --help).
-#   bash scripts/gpu_check.sh                   # everything (longer than one 10-minute device call: split with --only)
-#   bash scripts/gpu_check.sh --only tests      # then --only gemm sync, --only rollout, --only rl_step ar_decode …
-#   GPU_CHECK_SKIP_INSTALL=1 bash scripts/gpu_check.sh --only summary
+# One stage per 10-minute device call (each stage < 9 minutes; summary.json is updated when each stage ends):
+#   bash scripts/gpu_check.sh --stage tests
+#   bash scripts/gpu_check.sh --stage gemm sync          # (both fit one call)
+#   bash scripts/gpu_check.sh --stage rollout-eager
+#   bash scripts/gpu_check.sh --stage rollout-compiled
+#   bash scripts/gpu_check.sh --stage rl_step
+#   bash scripts/gpu_check.sh --stage ar_decode
+#   GPU_CHECK_SKIP_INSTALL=1 bash scripts/gpu_check.sh --stage summary
+#   bash scripts/gpu_check.sh --dry-run                  # CPU: prints every stage's commands, writes a null summary
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"

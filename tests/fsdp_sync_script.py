@@ -30,7 +30,7 @@ def main() -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from dllm_ais.fp8.linear import quantize_model, sync_weights
+    from dllm_ais.fp8 import quantize_model, sync_weights
     from dllm_ais.fsdp_sync import sync_weights_sharded
     from dllm_ais.models.llada import LLaDABlock
     from dllm_ais.models.tiny import tiny_model

@@ -73,7 +73,7 @@ def test_backend_choice_follows_the_family():
 
 def test_ar_mismatch_is_exact_token_log_ratio():
     """ℓ_t = log π_old(y_t) − recorded log μ(y_t), summed over counted tokens at sequence level."""
-    from dllm_ais.fp8.linear import quantize_model
+    from dllm_ais.fp8 import quantize_model
     from dllm_ais.models.qwen import tiny_qwen, tiny_qwen_tokenizer
 
     model = tiny_qwen(seed=3)

@@ -90,3 +90,23 @@ def test_full_run_without_cuda_writes_skipped_rows(tmp_path):
     for r in rows:
         assert r["status"] == "skipped" and "CUDA" in r["reason"] and "tokens_per_s" not in r
         assert r["shape"]["d_model"] == 4096 and r["shape"]["vocab_size"] == 126464 and r["prompt_len"] == 64
+
+
+def test_smoke_profile_and_budget(tmp_path):
+    """--profile writes the profiler table of one FP8 forward; --budget-s 0 starts no variant (rows skipped, with the
+    reason); --compiled-only keeps compiled rows only."""
+    out, prof = tmp_path / "p.jsonl", tmp_path / "profile.txt"
+    _load_script().main(["--smoke", "--no-compile", "--out", str(out), "--backends", "torch", "--profile", str(prof)])
+    rows = _rows(out)
+    assert [r["status"] for r in rows] == ["ok"] * 3 and not any(r["compiled"] for r in rows)
+    text = prof.read_text()
+    assert text.startswith("# one forward, fp8 torch, [2, 24]") and "aten::" in text and "Self CPU" in text
+
+    out2 = tmp_path / "c.jsonl"
+    _load_script().main(["--smoke", "--compiled-only", "--out", str(out2), "--backends", "torch"])
+    assert [r["compiled"] for r in _rows(out2)] == [True] * 3  # (skipped on CPU: the sampler compiles on CUDA only)
+
+    out3 = tmp_path / "b.jsonl"
+    _load_script().main(["--smoke", "--no-compile", "--out", str(out3), "--backends", "torch", "--budget-s", "0"])
+    rows = _rows(out3)
+    assert len(rows) == 3 and all(r["status"] == "skipped" and "time budget" in r["reason"] for r in rows)

@@ -132,7 +132,7 @@ def test_cli_flags_reach_the_configs():
 
 
 def test_diffusion_token_mismatch_is_the_one_step_estimator_difference():
-    from dllm_ais.fp8.linear import quantize_model
+    from dllm_ais.fp8 import quantize_model
     from dllm_ais.models.load import encode_prompts
     from dllm_ais.train_job import family
 

@@ -4,9 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from dllm_ais.fp8 import quant
+from dllm_ais.fp8 import FP8Linear, quant, quantize_model
 from dllm_ais.fp8.fake_quant import aligned_forward, aligned_linear, fake_quant_act, fake_quant_weight
-from dllm_ais.fp8.linear import FP8Linear, quantize_model
 from dllm_ais.models.tiny import tiny_model
 
 

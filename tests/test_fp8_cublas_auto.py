@@ -1,6 +1,8 @@
 """The `cublas` (torch._scaled_mm, blockwise scales) and `auto` FP8 backends.
 
-CPU: cublas reports why it cannot run; auto resolves to the torch reference and caches that choice per shape bucket.
+CPU: cublas reports why it cannot run; auto resolves to the torch reference and caches that choice per shape bucket;
+a rollout copy built with `auto` has every layer resolved to a concrete backend at build time (recorded by
+backend_choices); auto's rule keeps cublas unless another candidate is clearly faster.
 GPU: cublas against the dequantised reference (bf16 output rounding), wildly varying block scales, ragged layers;
 auto picks one of its candidates and matches the reference.
 """
@@ -11,8 +13,20 @@ import pytest
 import torch
 from torch import nn
 
-from dllm_ais.fp8 import BACKENDS, FP8BackendError, FP8Linear, check_backend, quant, unavailable_reason
-from dllm_ais.fp8 import linear as fp8_linear
+from dllm_ais.fp8 import (
+    BACKENDS,
+    FP8BackendError,
+    FP8Linear,
+    backend_choices,
+    check_backend,
+    default_backend,
+    quant,
+    quantize_model,
+    unavailable_reason,
+)
+from dllm_ais.fp8 import backends as fp8_linear
+from dllm_ais.fp8.fused_llada import FusedLLaDA
+from dllm_ais.models.tiny import tiny_model
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # cuBLAS output is bf16: ≤ 2**-9 relative per entry from rounding, measured ~7e-4 relative (norm) on an H100 against
@@ -33,19 +47,64 @@ def _x(m: int, k: int, seed: int) -> torch.Tensor:
     return (torch.randn(m, k, generator=g) * torch.logspace(-1, 1, k)).to(DEVICE)
 
 
-def test_every_backend_declares_gemm_where_it_has_one():
-    assert BACKENDS["cublas"].gemm is not None and BACKENDS["auto"].gemm is not None
-    assert BACKENDS["scaled_mm"].gemm is None  # row-wise: quantises its own way
+def test_every_backend_takes_producer_quantised_activations():
+    assert all(b.gemm is not None for b in BACKENDS.values())  # the fused copy feeds every backend FP8 producers
+    assert BACKENDS["scaled_mm"].scheme == "row"  # its producers quantise per row
     assert BACKENDS["cublas"].scheme == BACKENDS["auto"].scheme == "block"
+
+
+def test_scaled_mm_gemm_on_row_scales_equals_its_forward():
+    _skip_unless("scaled_mm")
+    layer = FP8Linear.from_linear(_linear(144, 272, seed=7), backend="scaled_mm")
+    x = _x(20, 272, seed=8)
+    with torch.no_grad():
+        xq, xs = quant.quantize_rowwise(x)
+        assert xs.shape == (20, 1)
+        assert torch.equal(BACKENDS["scaled_mm"].gemm(xq, xs, layer), BACKENDS["scaled_mm"].forward(x, layer))
+
+
+def test_auto_keeps_cublas_unless_another_is_clearly_faster():
+    assert fp8_linear._choose({"cublas": 1.0, "triton": 0.95, "torchao": 0.97}) == "cublas"  # within the margin
+    assert fp8_linear._choose({"cublas": 1.0, "triton": 0.8}) == "triton"
+    assert fp8_linear._choose({"triton": 1.0, "torchao": 0.95}) == "triton"  # first available candidate kept
+    assert fp8_linear._choose({"triton": 1.0, "torchao": 0.5}) == "torchao"
+
+
+def test_default_backend_on_cpu_is_the_reference():
+    assert default_backend("cpu") == "torch"
+    if DEVICE.type == "cuda":
+        expected = next((b for b in ("cublas", "triton") if unavailable_reason(b, DEVICE) is None), "torch")
+        assert default_backend(DEVICE) == expected
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_llada", "per_linear"])
+def test_auto_is_resolved_when_the_copy_is_built(fused):
+    """No layer of a rollout copy runs `auto` (which could time inside torch.compile): it is resolved at build time,
+    for the expected M, and the choice per layer shape is recorded."""
+    fp8_linear.clear_auto_choices()
+    model = tiny_model(seed=0).to(DEVICE)
+    rollout = quantize_model(model, "auto", expected_m=200) if fused else quantize_model(
+        model, "auto", exclude=lambda name: False, expected_m=200)
+    assert isinstance(rollout, FusedLLaDA) == fused
+    layers = [m for m in rollout.modules() if isinstance(m, FP8Linear)]
+    assert layers and all(m.backend != "auto" for m in layers)
+    choices = backend_choices(rollout)
+    assert set(choices) == {f"{m.out_features}x{m.in_features}" for m in layers}
+    kind = "gemm" if fused else "forward"
+    for m in layers:  # the cached choice at M bucket 256 is what each layer runs
+        assert fp8_linear.auto_choices()[(kind, str(DEVICE), m.out_features, m.in_features, 256)] == m.backend
+    if DEVICE.type == "cpu":
+        assert set(choices.values()) == {"torch"}
+    fp8_linear.clear_auto_choices()
 
 
 def test_outer_dim_major_scales():
     xs = torch.rand(5, 3)
-    k_major = fp8_linear._outer_dim_major(xs)
+    k_major = fp8_linear.outer_dim_major(xs)
     assert k_major.stride() == (1, 5) and torch.equal(k_major, xs)
-    assert fp8_linear._outer_dim_major(k_major) is k_major  # already right: no copy
+    assert fp8_linear.outer_dim_major(k_major) is k_major  # already right: no copy
     one = torch.rand(1, 3)
-    assert fp8_linear._outer_dim_major(one).stride() == (1, 1) and torch.equal(fp8_linear._outer_dim_major(one), one)
+    assert fp8_linear.outer_dim_major(one).stride() == (1, 1) and torch.equal(fp8_linear.outer_dim_major(one), one)
 
 
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="checks the CPU answer")
@@ -98,7 +157,7 @@ def test_cublas_gemm_matches_the_reference(M, N, K, spread):
         layer.weight_scale.mul_(torch.logspace(-3, 3, layer.weight_scale.numel(), device=DEVICE).view_as(
             layer.weight_scale))  # fmt: skip
     x = _x(M, K, seed=M)
-    xq, xs = fp8_linear._quantize_act_block(x)
+    xq, xs = fp8_linear.quantize_act_block(x)
     assert xs.stride() == (1, M) or M == 1
     y = BACKENDS["cublas"].gemm(xq, xs, layer)
     ref = quant.fp8_gemm_reference(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=torch.float32)
@@ -139,3 +198,22 @@ def test_auto_on_gpu_picks_a_candidate_once_per_bucket():
     rel = ((y.float() - ref).norm() / ref.norm()).item()
     assert rel < CUBLAS_REL_BOUND, rel
     fp8_linear.clear_auto_choices()
+
+
+@pytest.mark.parametrize("M", [1, 37])
+def test_producer_scales_are_what_cublas_reads_without_a_copy(M):
+    """The Triton producers emit 1×128 scales [M, K/128] with stride (1, M): cuBLAS's blockwise layout, passed on
+    as is (outer_dim_major returns the same tensor); the row producers emit [M, 1] for scaled_mm."""
+    if unavailable_reason("triton", DEVICE) is not None:
+        pytest.skip(unavailable_reason("triton", DEVICE))
+    from dllm_ais.fp8 import ops
+
+    x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16().to(DEVICE)
+    att = x.view(M, 1, 2, 128).transpose(1, 2)  # [B=M, H=2, T=1, D=128]
+    produced = [ops.rmsnorm_quant(x, torch.ones(256, device=DEVICE), 1e-5), ops.silu_mul_quant(x, x),
+                ops.attn_out_quant(att)]
+    for q, s in produced:
+        assert q.shape == (M, 256) and s.shape == (M, 2) and fp8_linear.outer_dim_major(s) is s
+    for q, s in (ops.rmsnorm_rowquant(x, torch.ones(256, device=DEVICE), 1e-5), ops.silu_mul_rowquant(x, x),
+                 ops.attn_out_rowquant(att)):
+        assert q.shape == (M, 256) and s.shape == (M, 1) and s.is_contiguous()

@@ -55,16 +55,20 @@ def test_fused_logprobs_equal_unfused_torch_backend(shape, dtype):
     assert (a - _logp(model, ids, attn)).abs().max() > 1e-4  # the FP8 path is really in effect
 
 
-@pytest.mark.parametrize("backend", ["triton", "scaled_mm"])
-def test_fused_logprobs_equal_unfused_other_backends(backend):
-    """triton: producer kernels + Triton GEMM (interpreter on CPU); scaled_mm (no gemm): the fused structure on bf16
-    producer outputs. bf16 model, ragged shape."""
+@pytest.mark.parametrize(("backend", "producers"),
+                         [("triton", "triton"), ("scaled_mm", None), ("scaled_mm", "triton"), ("torch", "triton")])
+def test_fused_logprobs_equal_unfused_other_backends(backend, producers):
+    """triton: producer kernels + Triton GEMM (interpreter on CPU); scaled_mm: producers that quantise per row (its
+    row-wise scheme; torch twins, and the Triton row producers); torch GEMM fed by the Triton producers (what every
+    backend gets on CUDA). bf16 model, ragged shape."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if backend not in available_backends(device):
-        pytest.skip(f"backend {backend} cannot run on {device}")
+    if backend not in available_backends(device) or (producers == "triton" and "triton" not in available_backends(
+            device)):  # fmt: skip
+        pytest.skip(f"backend {backend} / producers {producers} cannot run on {device}")
     model = tiny_model(seed=1, dtype=torch.bfloat16, **RAGGED).to(device)
-    fused, unfused = quantize_model(model, backend), _unfused(model, backend)
-    assert fused.variant == ("fp8_producers" if backend == "triton" else "plain")
+    fused, unfused = build_fused_llada(model, backend, producers=producers), _unfused(model, backend)
+    assert fused.variant == "fp8_producers"
+    assert fused.producers == (producers or ("triton" if device == "cuda" else "torch"))
     ids, attn = (t.to(device) for t in _inputs())
     a, b = _logp(fused, ids, attn), _logp(unfused, ids, attn)
     if device == "cpu":
@@ -83,7 +87,8 @@ def _lora(model):
 def _assert_fresh_quantisation(rollout: FusedLLaDA, master) -> None:
     """Every part slice of every fused FP8 weight equals quant.quantize_weight of the master's merged tensor; padding
     rows hold zero codes."""
-    from dllm_ais.fp8.linear import _linear_layers, canonical_name, effective_weight
+    from dllm_ais.fp8.walker import canonical_name, effective_weight
+    from dllm_ais.fp8.walker import linear_layers as _linear_layers
 
     layers = {canonical_name(n, True): m for n, m in _linear_layers(master).items()}
     for i, block in enumerate(rollout.blocks):

@@ -86,6 +86,86 @@ def test_summary_reads_every_benchmark(tmp_path):
     assert "| gpu_tests_failed | 3 | <= 0: NOT met |" in text
 
 
+def _rollout_row(precision, backend, model, compiled, tps, mem=None, batch=32, gen=256, status="ok"):
+    row = dict(bench="rollout", precision=precision, backend=backend, model=model, compiled=compiled, batch=batch,
+               gen_length=gen, status=status, tokens_per_s=tps)
+    if mem is not None:
+        row["peak_mem_gib"] = mem
+    return row
+
+
+def test_rollout_ratios_from_the_eager_and_compiled_stages(tmp_path):
+    """BF16-best may come from the compiled stage; a re-run's later row replaces the earlier one; other shapes and
+    failed rows do not count."""
+    gpu_check = _script("gpu_check")
+    _write_jsonl(tmp_path / "rollout-eager.jsonl", [
+        _rollout_row("bf16", None, "master", False, 100.0, mem=40.0),
+        _rollout_row("bf16", None, "fused", False, 120.0, mem=38.0),
+        _rollout_row("fp8", "cublas", "fused", False, 200.0, mem=30.0),
+        _rollout_row("fp8", "cublas", "fused", False, 250.0, mem=26.0),  # a later run of the same variant
+        _rollout_row("fp8", "triton", "fused", False, 900.0, batch=8),  # another shape
+        _rollout_row("fp8", "scaled_mm", "fused", False, 999.0, status="failed"),
+    ])  # fmt: skip
+    _write_jsonl(tmp_path / "rollout-compiled.jsonl", [_rollout_row("bf16", None, "master", True, 160.0, mem=45.0)])
+    summary = gpu_check.summarize(tmp_path, dict(device="d", torch="t", triton="t", git_sha="g"))
+    assert summary["rollout_fp8_vs_bf16_best"] == pytest.approx(250 / 160)
+    assert summary["rollout_fp8_vs_bf16_eager"] == pytest.approx(250 / 100)
+    assert summary["rollout_fp8_peak_mem_ratio"] == pytest.approx(26 / 40)
+
+
+def test_test_shards_cover_every_test_file_once_and_a_missing_shard_gives_null(tmp_path):
+    gpu_check = _script("gpu_check")
+    shards = gpu_check.test_shards(4)
+    files = [f for shard in shards for f in shard]
+    assert len(shards) == 4 and sorted(files) == sorted(f"tests/{p.name}" for p in (SCRIPTS.parent / "tests").glob(
+        "test_*.py")) and len(files) == len(set(files))  # fmt: skip
+    (tmp_path / "pytest-shards.json").write_text(json.dumps(["pytest-0.xml", "pytest-1.xml"]))
+    xml = '<testsuites><testsuite name="pytest" errors="{}" failures="{}" tests="9"></testsuite></testsuites>'
+    (tmp_path / "pytest-0.xml").write_text(xml.format(0, 1))
+    assert gpu_check.gpu_tests_failed(tmp_path) is None  # shard 1 did not finish: unknown, not "1 failure"
+    (tmp_path / "pytest-1.xml").write_text(xml.format(2, 0))
+    assert gpu_check.gpu_tests_failed(tmp_path) == 3
+
+
+def test_each_stage_merges_its_keys_and_keeps_earlier_ones(tmp_path, monkeypatch):
+    """write_summary after a stage: values from this directory's files, an earlier call's value kept where the files
+    give none now; stages.json accumulates; report.md carries the profiler table."""
+    gpu_check = _script("gpu_check")
+    env = dict(device="NVIDIA H100", torch="2.11", triton="3.6.0", git_sha="abc")
+    (tmp_path / "summary.json").write_text(json.dumps({"rl_step_fp8_vs_bf16": 1.3, "sync_vs_floor": 9.0}))
+    _write_jsonl(tmp_path / "fp8.jsonl", [dict(bench="sync", metric="floor_ms", value=7.0, status="ok"),
+                                          dict(bench="sync", metric="sync_weights_ms", value=14.0, status="ok")])
+    (tmp_path / "profile_fp8.txt").write_text("# one forward\nName  Self CUDA\naten::mm 1 ms\n")
+    gpu_check.write_summary(tmp_path, env, {"sync": "ok (30 s)"})
+    gpu_check.write_summary(tmp_path, env, {"gemm": "timed out after 510 s (see gemm.log)"})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary) == EXPECTED_KEYS
+    assert summary["sync_vs_floor"] == pytest.approx(2.0)  # from the files (not the stale 9.0)
+    assert summary["rl_step_fp8_vs_bf16"] == 1.3  # kept: no rl_step rows here
+    assert json.loads((tmp_path / "stages.json").read_text()) == {"sync": "ok (30 s)",
+                                                                  "gemm": "timed out after 510 s (see gemm.log)"}
+    text = (tmp_path / "report.md").read_text()
+    assert "aten::mm 1 ms" in text and "- gemm: timed out" in text and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_stage_commands_use_flags_the_scripts_have_and_fit_the_time_limit(tmp_path, capsys):
+    gpu_check = _script("gpu_check")
+    assert gpu_check.STAGE_TIMEOUT_S < 540
+    assert list(gpu_check.STAGE_NAMES) == ["tests", "gemm", "sync", "rollout-eager", "rollout-compiled", "rl_step",
+                                           "ar_decode", "summary"]
+    assert gpu_check.main(["--dry-run", "--out-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    for name in gpu_check.STAGES:
+        for cmd, _ in gpu_check.STAGES[name](tmp_path):
+            assert f"gpu_check: {name}: {' '.join(cmd)}" in printed
+            script = next((a for a in cmd if a.startswith("scripts/")), None)
+            if script is None:
+                continue
+            source = (SCRIPTS.parent / script).read_text()
+            for flag in (a for a in cmd if a.startswith("--")):
+                assert f'"{flag}"' in source, (script, flag)
+
+
 def test_gpu_check_refuses_to_run_without_a_gpu(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

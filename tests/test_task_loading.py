@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-import datasets
 import pytest
 
 from dllm_ais.tasks import countdown, gsm8k, math500, sudoku
 from dllm_ais.tasks.loading import local_format, read_rows, require
+
+datasets = pytest.importorskip("datasets", reason="reading task rows needs `datasets` (not on the bare GPU image)")
 
 DATA = resources.files("dllm_ais.tasks") / "data"
 

@@ -9,7 +9,7 @@ Formats (FORMATS, chosen once by name): "nvfp4" (16-blocks, e4m3 block scales, a
 per activation row; see nvfp4.py) and "mxfp4" (32-blocks, power-of-two e8m0 scales; see mxfp4.py). Blocks run along
 K (in_features); a K that is not a multiple of the block gets a short last block (see e2m1.py).
 
-As for FP8 (dllm_ais.fp8.linear, whose model walking and LoRA merging this module reuses): every block linear
+As for FP8 (dllm_ais.fp8.walker, whose model walking and LoRA merging this module reuses): every block linear
 is replaced, the LM head (`get_output_embeddings()`), embeddings and norms stay in high precision, a peft LoRA layer
 is merged on the fly, and `sync_weights(master, rollout)` requantises the master into the existing buffers.
 """
@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dllm_ais.fp8.linear import QuantizedLinear, effective_weight, quantized_copy, sync_weights
+from dllm_ais.fp8.linear import QuantizedLinear
+from dllm_ais.fp8.sync import sync_weights
+from dllm_ais.fp8.walker import effective_weight, quantized_copy
 
 from .mxfp4 import MXFP4_BLOCK, fake_mxfp4
 from .nvfp4 import NVFP4_BLOCK, fake_nvfp4_act, fake_nvfp4_weight
@@ -106,7 +108,7 @@ class FP4Linear(QuantizedLinear):
 def quantize_model(model: nn.Module, fmt: str = "nvfp4", exclude: Callable[[str], bool] | None = None) -> nn.Module:
     """Return an emulated-FP4 rollout COPY of `model` (eval mode, requires_grad off); `model` is untouched.
 
-    Layer selection as dllm_ais.fp8.linear.quantize_model: every nn.Linear / LoRA-wrapped nn.Linear except the LM head
+    Layer selection as dllm_ais.fp8.quantize.quantize_model: every nn.Linear / LoRA-wrapped nn.Linear except the LM head
     and `exclude`d canonical names becomes an FP4Linear in format `fmt` ("nvfp4" or "mxfp4").
     """
     check_format(fmt)

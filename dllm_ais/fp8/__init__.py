@@ -1,22 +1,22 @@
-"""Blockwise FP8 (e4m3) rollouts: reference quantisation (quant), FP8Linear / quantize_model / sync_weights (linear).
+"""Blockwise FP8 (e4m3) rollouts: reference quantisation (quant), GEMM backends (backends), FP8Linear (linear), the
+model walker (walker), the rollout copy (quantize: quantize_model; fused_llada for LLaDA) and its weight sync (sync).
 
-The Triton kernels live in `dllm_ais.fp8.kernels` and are imported only when a Triton path runs, so importing this
-package never imports Triton.
+Layers import downward only: quant <- kernels, producer_kernels <- ops <- backends <- walker, linear <- fused_llada
+<- quantize, sync. The Triton kernels live in `dllm_ais.fp8.kernels` and are imported only when a Triton path runs,
+so importing this package never imports Triton.
 """
 
 from __future__ import annotations
 
-from .linear import (
+from .backends import (
     BACKENDS,
     FP8BackendError,
-    FP8LayerError,
-    FP8Linear,
     available_backends,
     check_backend,
-    quantize_model,
-    sync_weights,
+    default_backend,
     unavailable_reason,
 )
+from .linear import FP8LayerError, FP8Linear, backend_choices
 from .quant import (
     dequantize_act,
     dequantize_weight,
@@ -25,6 +25,8 @@ from .quant import (
     quantize_rowwise,
     quantize_weight,
 )
+from .quantize import quantize_model
+from .sync import sync_weights
 
 __all__ = [
     "BACKENDS",
@@ -32,7 +34,9 @@ __all__ = [
     "FP8LayerError",
     "FP8Linear",
     "available_backends",
+    "backend_choices",
     "check_backend",
+    "default_backend",
     "dequantize_act",
     "dequantize_weight",
     "fp8_gemm_reference",

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from . import quant
-from .linear import effective_weight, quantizable_layers
+from .walker import effective_weight, quantizable_layers
 
 
 def _fq_block_act(x: torch.Tensor) -> torch.Tensor:

@@ -12,14 +12,16 @@ part's codes and scales exactly a fresh quantisation of its master tensor (no 12
 the padding rows hold zero codes (scale 1), cost nothing for LLaDA-8B (4096, 12288 are multiples of 128) and only
 ragged test shapes pay a few extra output columns, which the forward never reads.
 
-FP8 forward of a block (backend with a `gemm`; producers = Triton kernels for triton / torchao, their torch twins
-for torch — producer_kernels.py / producers.py):
+FP8 forward of a block (every FP8 backend; producers = the Triton kernels on CUDA whatever the GEMM backend, their
+torch twins on CPU unless asked for — producer_kernels.py / producers.py; each emits the scales in the layout its
+GEMM reads, so no pad / copy / layout change sits between producer and GEMM):
   rmsnorm_quant(x) -> qkv GEMM -> rope(q), rope(k) (no cat) -> SDPA -> attn_out_quant -> attn_out GEMM -> + x
   rmsnorm_quant(x) -> gate_up GEMM -> silu_mul_quant -> ff_out GEMM -> + x
-A backend without `gemm` (row-wise scaled_mm) and the BF16 copy run the same fused structure on bf16 producer outputs.
+The BF16 copy runs the same fused structure on bf16 producer outputs; the row-wise scaled_mm backend gets producers
+that quantise per row (row_producer_kernels.py / producers.*_rowquant).
 
 Weights: `build_fused_llada(master, backend)` and `sync_fused_llada(master, rollout)`; the master (plain or
-peft-wrapped LLaDAModelLM, LoRA merged on the fly as linear.effective_weight does) keeps the official names, the copy
+peft-wrapped LLaDAModelLM, LoRA merged on the fly as walker.effective_weight does) keeps the official names, the copy
 writes each master tensor into its row slice of the fused buffer in place (no reallocation, data_ptr unchanged).
 Embeddings, norms and the LM head stay in the master's dtype.
 
@@ -40,9 +42,11 @@ from torch import nn
 
 from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, LLaDAOutput, RMSNorm
 
-from . import linear, producers
-from .linear import FP8Linear, check_backend, effective_weight
+from . import backends, producers
+from .backends import BACKENDS, check_backend
+from .linear import QUANTIZE_INTO, FP8Linear, resolve_auto
 from .quant import BLOCK
+from .walker import canonical_name, effective_weight, linear_layers, named_tensors
 
 FUSED_PARTS: dict[str, tuple[str, ...]] = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
@@ -57,15 +61,33 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _producer_impl(backend: str | None) -> SimpleNamespace:
-    """The producer functions a backend's fused forward uses (chosen once, at build time)."""
-    if backend in ("triton", "torchao"):
-        from . import ops
+PRODUCERS = ("triton", "torch")
+"""Producer implementations: the Triton kernels (producer_kernels.py through ops.py; CUDA, or CPU under
+TRITON_INTERPRET=1) or their torch twins (producers.py)."""
 
-        return SimpleNamespace(rmsnorm_quant=ops.rmsnorm_quant, silu_mul_quant=ops.silu_mul_quant,
-                               attn_out_quant=ops.attn_out_quant, rope=ops.rope)
-    return SimpleNamespace(rmsnorm_quant=producers.rmsnorm_quant, silu_mul_quant=producers.silu_mul_quant,
-                           attn_out_quant=producers.attn_out_quant, rope=producers.apply_rope)
+
+def default_producers(device: torch.device | str) -> str:
+    """"triton" on a CUDA GPU where the Triton FP8 kernels run (sm_89+: the fast path with every GEMM backend),
+    "torch" elsewhere (CPU: the twins; the Triton producers run there only under TRITON_INTERPRET=1, when asked)."""
+    device = torch.device(device)
+    return "triton" if device.type == "cuda" and backends._unavailable("triton", device) is None else "torch"
+
+
+def _producer_impl(scheme: str, kind: str) -> SimpleNamespace:
+    """The producer functions of an FP8 fused forward: each emits the activation codes + scales its consumer GEMM
+    reads, in that GEMM's scheme ("block": 1×128 scales [M, G] with stride (1, M), what cuBLAS's blockwise mode and
+    the Triton GEMM read as is; "row": [M, 1], torch._scaled_mm's row-wise mode). Chosen once, at build time."""
+    if kind not in PRODUCERS:
+        raise ValueError(f"unknown producers {kind!r}; choose one of {', '.join(PRODUCERS)}")
+    if kind == "triton":
+        from . import ops as impl  # Triton: producer_kernels.py, row_producer_kernels.py
+
+        rope = impl.rope
+    else:
+        impl, rope = producers, producers.apply_rope
+    suffix = "quant" if scheme == "block" else "rowquant"
+    return SimpleNamespace(rmsnorm_quant=getattr(impl, f"rmsnorm_{suffix}"), silu_mul_quant=getattr(
+        impl, f"silu_mul_{suffix}"), attn_out_quant=getattr(impl, f"attn_out_{suffix}"), rope=rope)
 
 
 class FusedLLaDABlock(nn.Module):
@@ -131,16 +153,19 @@ class FusedLLaDA(nn.Module):
     """Inference-only rollout copy of an LLaDAModelLM: forward(input_ids, attention_mask, positions) -> .logits,
     as the master's. `backend` None = the BF16 copy (master dtype), else an FP8 backend name."""
 
-    def __init__(self, config: LLaDAConfig, backend: str | None, device, dtype: torch.dtype):
+    def __init__(self, config: LLaDAConfig, backend: str | None, device, dtype: torch.dtype,
+                 producers: str | None = None):
         super().__init__()
         self.config, self.backend = config, backend
+        self.producers = producers or default_producers(device)
+        """"triton" | "torch": the producer implementation of the FP8 forward (default_producers(device))."""
         self.wte = nn.Embedding(config.embedding_size, config.d_model, device=device, dtype=dtype)
         self.blocks = nn.ModuleList(FusedLLaDABlock(config, backend, device, dtype) for _ in range(config.n_layers))
         self.ln_f = RMSNorm(config.d_model, config.rms_norm_eps).to(device=device, dtype=dtype)
         self.lm_head = nn.Linear(config.d_model, config.embedding_size, bias=False, device=device, dtype=dtype)
-        has_gemm = backend is not None and linear.BACKENDS[backend].gemm is not None
+        has_gemm = backend is not None and BACKENDS[backend].gemm is not None
         self.variant = "fp8_producers" if has_gemm else "plain"
-        self._impl = _producer_impl(backend)
+        self._impl = _producer_impl(BACKENDS[backend].scheme, self.producers) if has_gemm else None
 
     @property
     def mask_token_id(self) -> int:
@@ -195,7 +220,7 @@ def _load_rows(layer: nn.Module, offset: int, weight: torch.Tensor) -> None:
         scales = layer.weight_scale[offset // BLOCK:_round_up(offset + n, BLOCK) // BLOCK]
     else:
         scales = layer.weight_scale[offset:offset + n]
-    linear._QUANTIZE_INTO[layer.scheme](weight.detach().to(layer.weight_q.device), layer.weight_q[offset:offset + n],
+    QUANTIZE_INTO[layer.scheme](weight.detach().to(layer.weight_q.device), layer.weight_q[offset:offset + n],
                                         scales)
 
 
@@ -209,8 +234,8 @@ def sync_fused_llada(master: nn.Module, rollout: FusedLLaDA, gather=None, full=N
     gather = gather or contextlib.nullcontext
     full = full or (lambda t: t)
     peft_root = hasattr(master, "peft_config")
-    layers = {linear.canonical_name(n, peft_root): m for n, m in linear._linear_layers(master).items()}
-    tensors = {linear.canonical_name(n, peft_root): t for n, t in linear._named_tensors(master)}
+    layers = {canonical_name(n, peft_root): m for n, m in linear_layers(master).items()}
+    tensors = {canonical_name(n, peft_root): t for n, t in named_tensors(master)}
 
     def load(name: str, write) -> None:
         """write(the master's current weight called `name`), one layer gathered at a time."""
@@ -246,16 +271,23 @@ def sync_fused_llada(master: nn.Module, rollout: FusedLLaDA, gather=None, full=N
 
 
 @torch.no_grad()
-def build_fused_llada(model: nn.Module, backend: str | None) -> FusedLLaDA:
+def build_fused_llada(model: nn.Module, backend: str | None, expected_m: int | None = None,
+                      producers: str | None = None) -> FusedLLaDA:
     """The fused rollout copy of a (peft-wrapped or plain) LLaDAModelLM, on its device, in eval mode, no grads.
-    backend None = BF16 copy in the master's dtype; else an FP8 backend that runs on that device."""
+
+    backend None = BF16 copy in the master's dtype; else an FP8 backend that runs on that device. "auto" is resolved
+    here, per fused layer shape, by timing the GEMMs for `expected_m` rows (batch × canvas length; see
+    linear.resolve_auto), so every layer of the returned copy runs a concrete backend. `producers` "triton" | "torch"
+    (default: default_producers(device), Triton on CUDA with every backend)."""
     master = llada_master(model)
     if master is None:
         raise TypeError(f"build_fused_llada needs an LLaDAModelLM (or a peft model around one), got {type(model)}")
     weight = master.get_input_embeddings().weight
     if backend is not None:
         check_backend(backend, weight.device)
-    rollout = FusedLLaDA(master.config, backend, weight.device, weight.dtype)
+    rollout = FusedLLaDA(master.config, backend, weight.device, weight.dtype, producers=producers)
     sync_fused_llada(model, rollout)
+    if backend == "auto":
+        resolve_auto(rollout, expected_m, kind="gemm")
     rollout.requires_grad_(False)
     return rollout.eval()

@@ -1,22 +1,46 @@
 """The FP8 kernels as torch.library ops, so torch.compile of a rollout forward traces them without a graph break.
 
-The producer kernels (producer_kernels.py) are `triton_op`s launched through `wrap_triton`: the compiler sees into
-them. The blockwise GEMM and the activation quantiser are called here only through their public Python functions
-(`kernels.fp8_gemm`, `kernels.quantize_act`: they choose tiles, autotune and check layouts), which wrap_triton cannot
-look through, so they are `custom_op`s with a fake (meta) implementation giving the output's shape, dtype and strides;
-torchao's blockwise GEMM likewise. Importing this module imports Triton (it is imported lazily by linear.py).
+The producer kernels (producer_kernels.py, row_producer_kernels.py) are `triton_op`s launched through `wrap_triton`:
+the compiler sees into them. The blockwise GEMM and the activation quantiser are called here only through their
+public Python functions (`kernels.fp8_gemm`, `kernels.quantize_act`: they choose tiles, autotune and check layouts),
+which wrap_triton cannot look through, so they are `custom_op`s with a fake (meta) implementation giving the output's
+shape, dtype and strides; torchao's blockwise GEMM likewise. Importing this module imports Triton (backends.py
+imports it lazily, inside the functions that run a Triton path; this module imports nothing above the kernels).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+from collections.abc import Callable
+
 import torch
 
 from . import kernels
-from .linear import torchao_blockwise_gemm
 from .producer_kernels import attn_out_quant, empty_act_scales, rmsnorm_quant, rope, silu_mul_quant
 from .quant import FP8_DTYPE, num_blocks
+from .row_producer_kernels import attn_out_rowquant, rmsnorm_rowquant, silu_mul_rowquant
 
-__all__ = ["attn_out_quant", "fp8_gemm", "quantize_act", "rmsnorm_quant", "rope", "silu_mul_quant", "torchao_gemm"]
+__all__ = [
+    "attn_out_quant", "attn_out_rowquant", "fp8_gemm", "quantize_act", "rmsnorm_quant", "rmsnorm_rowquant", "rope",
+    "silu_mul_quant", "silu_mul_rowquant", "torchao_blockwise_gemm", "torchao_gemm",
+]
+
+
+@functools.cache
+def torchao_blockwise_gemm() -> Callable:
+    """torchao's blockwise_fp8_gemm(a, a_s, b, b_s) -> bf16; its module moved between torchao versions."""
+    places = [
+        "torchao.kernel.blockwise_quantization",
+        "torchao.prototype.blockwise_fp8_inference",
+        "torchao.prototype.blockwise_fp8",
+    ]
+    for place in places:
+        try:
+            return importlib.import_module(place).blockwise_fp8_gemm
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"no torchao module provides blockwise_fp8_gemm (looked in {', '.join(places)})")
 
 
 @torch.library.custom_op("dllm_ais::fp8_gemm", mutates_args=())

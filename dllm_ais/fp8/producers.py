@@ -9,6 +9,8 @@ FP8Linear quantises the bf16 output of the same ops.
   rms_norm / rmsnorm_quant      RMSNorm (fp32 math, result in x.dtype)                       -> [M, d]
   silu_mul / silu_mul_quant     SiLU(gate) · up as torch evaluates F.silu(g) * u in x.dtype  -> [M, h]
   attn_out_quant                attention output [B, H, T, D] read as [B·T, H·D], quantised  -> [B·T, d]
+  *_rowquant                    the same three producers quantised per ROW (one scale per token: the "row" scheme
+                                of the scaled_mm backend; quant.quantize_rowwise) -> codes, scales [M, 1]
   rope_tables / apply_rope      rotary tables of half width (no `cat`) and the rotation of a [B, T, H, D] view into
                                 a [B, H, T, D] tensor (the layout SDPA takes); bit-equal to llada.apply_rope
 """
@@ -76,3 +78,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     out[..., :half] = x1 * c - x2 * s
     out[..., half:] = x2 * c + x1 * s
     return out
+
+
+def rmsnorm_rowquant(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, d] -> (codes [M, d] e4m3, scales [M, 1] fp32) of rms_norm(x), one scale per row."""
+    return quant.quantize_rowwise(rms_norm(x, weight, eps))
+
+
+def silu_mul_rowquant(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate, up [M, h] -> (codes [M, h] e4m3, scales [M, 1] fp32) of silu_mul(gate, up), one scale per row."""
+    return quant.quantize_rowwise(silu_mul(gate, up))
+
+
+def attn_out_rowquant(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """att [B, H, T, D] -> (codes [B·T, H·D] e4m3, scales [B·T, 1] fp32), one scale per token row."""
+    return quant.quantize_rowwise(attn_merge(att))

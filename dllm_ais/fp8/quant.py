@@ -51,10 +51,14 @@ def quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per 1×128 group along the last dim. x [..., K] float -> (codes [..., K] e4m3, scales [..., ceil(K/128)] fp32)."""
     *lead, K = x.shape
     G = num_blocks(K)
-    xf = F.pad(x.float().reshape(-1, K), (0, G * BLOCK - K))  # [M, G*128], zero tail
+    xf = x.float().reshape(-1, K)
+    if K != G * BLOCK:  # ragged: a zero tail (it leaves every amax unchanged); whole blocks need no copy
+        xf = F.pad(xf, (0, G * BLOCK - K))  # [M, G*128]
     groups = xf.view(-1, G, BLOCK)  # [M, G, 128]
     scale = scale_from_amax(groups.abs().amax(dim=-1))  # [M, G]
-    codes = to_e4m3(groups / scale[..., None]).view(-1, G * BLOCK)[:, :K]  # [M, K]
+    codes = to_e4m3(groups / scale[..., None]).view(-1, G * BLOCK)  # [M, G*128]
+    if K != G * BLOCK:
+        codes = codes[:, :K]  # [M, K]
     return codes.reshape(*lead, K).contiguous(), scale.reshape(*lead, G)
 
 
