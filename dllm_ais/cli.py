@@ -166,6 +166,8 @@ FIELD_FLAGS = {
     "ModelConfig.dtype": "--dtype", "SamplerConfig.gen_length": "--gen-length", "SamplerConfig.block_length":
     "--block-length", "SamplerConfig.temperature": "--temperature", "SamplerConfig.remasking": "--remasking",
     "SamplerConfig.cfg_scale": "--cfg-scale", "CorrectionConfig.correction": "--correction",
+    "SamplerConfig.cache": "--cache", "SamplerConfig.threshold": "--threshold",
+    "TrainConfig.mismatch_estimator": "--mismatch-estimator", "TrainConfig.trajectory_steps": "--trajectory-steps",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""
 
@@ -198,8 +200,27 @@ def _train_preset(args: argparse.Namespace):
                      save_every=args.save_every, tensorboard=args.tensorboard or None)
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
+    train = override(train, mismatch_estimator=args.mismatch_estimator, trajectory_steps=args.trajectory_steps)
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
+                   sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold),
                    train=train, **_correction_overrides(args, preset))
+
+
+def _add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
+    """`train`: Fast-dLLM rollouts (KV cache, threshold decoding) and the mismatch estimator that can see them."""
+    from dllm_ais.config import CACHE_MODES, MISMATCH_ESTIMATORS
+
+    p.add_argument("--cache", default=None, choices=CACHE_MODES,
+                   help="rollout KV cache (Fast-dLLM): none, prefix, dual (needs --mismatch-estimator trajectory)")
+    p.add_argument("--threshold", type=float, default=None, metavar="F",
+                   help="rollout threshold decoding: commit every token with confidence >= F per step (needs "
+                   "--mismatch-estimator trajectory)")
+    p.add_argument("--mismatch-estimator", default=None, choices=MISMATCH_ESTIMATORS,
+                   help="diffusion log-ratio: elbo (coupled MC-ELBO, default) or trajectory (replay of the "
+                   "recorded denoising canvases under pi_old; sees --cache/--threshold)")
+    p.add_argument("--trajectory-steps", type=int, default=None, metavar="K",
+                   help="trajectory: replay K random denoising steps per sequence (Horvitz-Thompson scaled; "
+                   "default all)")
 
 
 def _correction_overrides(args: argparse.Namespace, preset) -> dict:
@@ -314,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of --rollout-precision "
                    "fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
     _add_correction_args(p)
+    _add_fast_rollout_args(p)
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
     p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
     p.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb")
