@@ -263,3 +263,39 @@ def test_correlation_with_the_exact_sequence_log_ratio(copy_fn):
     print(f"corr trajectory {c_traj:.3f} elbo {c_elbo:.3f}; rmse trajectory {rmse(traj):.4f} elbo {rmse(elbo):.4f}")
     assert c_traj >= 0.8 and c_elbo < 0.9
     assert rmse(traj) < rmse(elbo)
+
+
+class _Counting(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, 0
+
+    def forward(self, **kwargs):
+        self.calls += 1
+        return self.model(**kwargs)
+
+
+def test_replay_pads_its_forwards_to_the_other_processes(monkeypatch, tmp_path):
+    """Under FSDP each forward all-gathers, so a rank with fewer canvases runs discarded forwards until it has made
+    as many calls as the busiest rank (`_forwards_in_step`, an all-reduce MAX; here a one-process gloo group, and
+    another rank's larger count simulated)."""
+    import torch.distributed as dist
+
+    import dllm_ais.likelihood.trajectory as trajectory
+
+    model = tiny_model(seed=0)
+    rollout = _rollout(model, CFG, B=4)
+    counting = _Counting(model)
+    kw = dict(temperature=0.8, mask_token_id=model.config.mask_token_id, chunk_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        base = trajectory_log_ratio(counting, _fp8(model), rollout, **kw)
+        assert counting.calls == base.num_forwards  # one process: no padding
+        real = trajectory._forwards_in_step
+        monkeypatch.setattr(trajectory, "_forwards_in_step", lambda n, device: real(n, device) + 3)
+        counting.calls = 0
+        padded = trajectory_log_ratio(counting, _fp8(model), rollout, **kw)
+    finally:
+        dist.destroy_process_group()
+    assert counting.calls == base.num_forwards + 3
+    assert torch.equal(padded.token_log_ratio, base.token_log_ratio)

@@ -111,6 +111,16 @@ def _chunk_logits(model, ids: torch.Tensor, attn: torch.Tensor, positions: torch
     return logits
 
 
+def _forwards_in_step(n: int, device: torch.device) -> int:
+    """The most forward calls any process makes (n on one process): under FSDP every rank must call the model as
+    often as the others (each forward all-gathers the shards), and canvases per rank differ."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return n
+    t = torch.tensor([n], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return int(t)
+
+
 @torch.no_grad()
 def replay_logprobs(model, rollout: Rollout, plan: ReplayPlan, *, temperature: float, mask_token_id: int,
                     chunk_size: int | None = None, cfg_scale: float = 0.0) -> torch.Tensor:
@@ -143,7 +153,13 @@ def replay_logprobs(model, rollout: Rollout, plan: ReplayPlan, *, temperature: f
         if out is None:
             out = torch.zeros(B, L, dtype=lp.dtype, device=lp.device)
         out[rows[:, None].expand_as(order)[keep], order[keep]] = lp[keep]
-    return out if out is not None else torch.zeros(B, L, device=rollout.completion_ids.device)
+    device = rollout.completion_ids.device
+    n_calls = -(-plan.rows.numel() // size)
+    for _ in range(_forwards_in_step(n_calls, device) - n_calls):  # keep step with the other processes; discarded
+        ids, attn = _canvases(rollout, plan.rows.new_zeros(1), plan.steps.new_zeros(1), mask_token_id)
+        _chunk_logits(model, ids, attn, torch.full((1, 1), P, device=device), rollout.prompt_mask[:1].bool(),
+                      cfg_scale, mask_token_id)
+    return out if out is not None else torch.zeros(B, L, device=device)
 
 
 @torch.no_grad()
