@@ -225,6 +225,10 @@ class Preset:
                 f"--threshold {self.sampler.threshold}"] * (self.sampler.threshold is not None)
             raise ValueError(f"{' with '.join(used)} changes the rollout sampler, which the ELBO mismatch estimator "
                              "cannot see: pass --mismatch-estimator trajectory.")
+        if self.train.trajectory_steps is not None and self.correction.correction_level == "token":
+            raise ValueError("--trajectory-steps subsamples the sequence sum of ℓ (unbiased for sequence and geometric "
+                             "levels); per-token weights need every step: drop --trajectory-steps or use "
+                             "--correction-level sequence|geometric.")
         if self.train.mismatch_estimator == "trajectory" and self.sampler.temperature == 0:
             raise ValueError("--mismatch-estimator trajectory needs a sampling density: --temperature 0 (greedy) has "
                              "none; sample at T > 0 or use --mismatch-estimator elbo.")

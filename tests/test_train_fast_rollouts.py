@@ -58,6 +58,10 @@ def test_elbo_with_a_cache_is_refused_in_one_line(capsys):
     assert "--mismatch-estimator trajectory" in err and "--cache prefix" in err
     assert main(["train", "--threshold", "0.8", "--mismatch-estimator", "elbo", "--steps", "1"]) == 2
     assert "--mismatch-estimator trajectory" in capsys.readouterr().err
+    preset = get_preset("tiny-cpu")
+    with pytest.raises(ValueError, match="drop --trajectory-steps"):
+        replace(preset, train=replace(preset.train, mismatch_estimator="trajectory", trajectory_steps=2),
+                correction=replace(preset.correction, correction_level="token"))
     with pytest.raises(ValueError, match="--temperature 0"):
         preset = get_preset("tiny-cpu")
         replace(preset, sampler=replace(preset.sampler, temperature=0.0),
@@ -89,8 +93,8 @@ def test_every_correction_level_uses_the_trajectory_ratio(tmp_path, monkeypatch,
     monkeypatch.setattr(trajectory, "trajectory_log_ratio", spy)
     p = get_preset("tiny-cpu")
     preset = replace(p, sampler=SamplerConfig(gen_length=6, block_length=3, steps=6, temperature=1.0),
-                     train=replace(p.train, steps=2, prompts_per_step=2, sft_steps=0,
-                                   mismatch_estimator="trajectory", trajectory_steps=2 if level == "token" else None),
+                     train=replace(p.train, steps=2, prompts_per_step=2, sft_steps=0, mismatch_estimator="trajectory",
+                                   trajectory_steps=2 if level == "geometric" else None),
                      grpo=replace(p.grpo, num_generations=4, num_iterations=1),
                      correction=replace(p.correction, correction="ais", correction_level=level))
     run_training(preset, tmp_path / "run", progress=False)
