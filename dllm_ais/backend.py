@@ -7,7 +7,9 @@ The trainer never branches on diffusion vs autoregressive: it calls a `Backend`.
   the reference on the full batch all see the same masks.
 - `mismatch_log_w(model_old, model_rollout, rollout, generator, level)` -> ℓ = log π_old − log μ, [B] (sequence
   level) or [B, L] (token / geometric level: exact per-token log-ratios for AR; for diffusion the one-step
-  estimator's per-token log-ratios, estimator values, not exact ones).
+  estimator's per-token log-ratios, estimator values, not exact ones). Diffusion with
+  `mismatch_estimator="trajectory"`: the trajectory ratio's per-token ℓ_j (likelihood/trajectory.py) at every level,
+  summed for `sequence`.
 - `rollout_token_logp(model_rollout, rollout, seed, rows=None)` -> [B, L] per-token log μ on the same footing as
   `token_logp` (AR: the sampler's exact log-probs; diffusion: the one-step estimator under the rollout model with
   the same masks), for the per-token mismatch diagnostics, rejection and bypass (π_old := μ).
@@ -47,7 +49,7 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class DiffusionBackend:
-    """LLaDA-style masked diffusion: LLaDA sampler, d1 one-step log-probs, coupled MC-ELBO mismatch."""
+    """LLaDA-style masked diffusion: LLaDA sampler, d1 one-step log-probs, coupled MC-ELBO or trajectory mismatch."""
 
     sampler: SamplerConfig
     """Sampling settings for rollouts."""
@@ -59,6 +61,14 @@ class DiffusionBackend:
     """One-step estimator: probability of masking each prompt token."""
     mismatch_num_draws: int = 4
     """K mask draws of the coupled ELBO difference ℓ = ELBO_BF16 − ELBO_FP8 (common random numbers)."""
+    mismatch_estimator: str = "elbo"
+    """ℓ = log π_old − log μ: `elbo` (coupled MC-ELBO difference at sequence level, one-step log-ratios per token) or
+    `trajectory` (replay of the rollout's recorded canvases under π_old, per token and summed; sees the sampler's
+    cache and threshold)."""
+    trajectory_steps: int | None = None
+    """`trajectory`: K denoising steps replayed per sequence (Horvitz–Thompson scaled); None = every step."""
+    trajectory_chunk_size: int | None = None
+    """`trajectory`: canvases per replay forward (None = the rollout's batch size)."""
     is_causal: bool = False
 
     def sample(self, model, prompt_ids, prompt_mask, generator, progress=False) -> Rollout:
@@ -80,7 +90,24 @@ class DiffusionBackend:
                            rows: torch.Tensor | None = None) -> torch.Tensor:
         return self.token_logp(model_rollout, rollout, seed, rows)
 
+    def trajectory_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
+        """The trajectory estimator's ℓ: [B, L] per token (token / geometric level) or [B] summed (sequence)."""
+        mask = rollout.completion_mask
+        exact_sampler = self.sampler.cache == "none"  # without a cache the sampler's μ is the model's own density
+        if model_old is model_rollout and exact_sampler:  # BF16 rollouts, no cache: μ = π_old on every canvas
+            zeros = torch.zeros(mask.shape, device=mask.device)
+            return zeros if level != "sequence" else zeros.sum(-1)
+        from dllm_ais.likelihood.trajectory import trajectory_log_ratio
+
+        est = trajectory_log_ratio(model_old, model_rollout, rollout, temperature=self.sampler.temperature,
+                                   mask_token_id=self.mask_token_id, num_steps=self.trajectory_steps,
+                                   generator=generator if self.trajectory_steps is not None else None,
+                                   chunk_size=self.trajectory_chunk_size, cfg_scale=self.sampler.cfg_scale)
+        return est.token_log_ratio if level != "sequence" else est.log_ratio
+
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
+        if self.mismatch_estimator == "trajectory":
+            return self.trajectory_log_w(model_old, model_rollout, rollout, generator, level)
         if level != "sequence":  # token / geometric: the one-step estimator's per-token log-ratios (same masks)
             if model_old is model_rollout:
                 return torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)

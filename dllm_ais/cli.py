@@ -253,6 +253,8 @@ FIELD_FLAGS = {
     "CorrectionConfig.rejected": "--rejected", "CorrectionConfig.reject_rules": "--reject",
     "GRPOConfig.clip_ratio_c": "--clip-ratio-c", "GRPOConfig.epsilon_high": "--epsilon-high",
     "GRPOConfig.off_policy_mask_threshold": "--off-policy-mask",
+    "SamplerConfig.cache": "--cache", "SamplerConfig.threshold": "--threshold",
+    "TrainConfig.mismatch_estimator": "--mismatch-estimator", "TrainConfig.trajectory_steps": "--trajectory-steps",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""
 
@@ -292,7 +294,9 @@ def _train_preset(args: argparse.Namespace, base=None):
                      save_every=args.save_every, tensorboard=args.tensorboard or None)
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
+    train = override(train, mismatch_estimator=args.mismatch_estimator, trajectory_steps=args.trajectory_steps)
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
+                   sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold),
                    train=train, **_correction_overrides(args, preset))
 
 
@@ -306,6 +310,23 @@ def typed_flags(args: argparse.Namespace) -> dict[str, object]:
             for a in parser._actions
             if a.option_strings and a.dest != "help" and (a.default is None or a.default is False)
             and getattr(args, a.dest, None) is not None and getattr(args, a.dest, None) is not False}
+
+
+def _add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
+    """`train`: Fast-dLLM rollouts (KV cache, threshold decoding) and the mismatch estimator that can see them."""
+    from dllm_ais.config import CACHE_MODES, MISMATCH_ESTIMATORS
+
+    p.add_argument("--cache", default=None, choices=CACHE_MODES,
+                   help="rollout KV cache (Fast-dLLM): none, prefix, dual (needs --mismatch-estimator trajectory)")
+    p.add_argument("--threshold", type=float, default=None, metavar="F",
+                   help="rollout threshold decoding: commit every token with confidence >= F per step (needs "
+                   "--mismatch-estimator trajectory)")
+    p.add_argument("--mismatch-estimator", default=None, choices=MISMATCH_ESTIMATORS,
+                   help="diffusion log-ratio: elbo (coupled MC-ELBO, default) or trajectory (replay of the "
+                   "recorded denoising canvases under pi_old; sees --cache/--threshold)")
+    p.add_argument("--trajectory-steps", type=int, default=None, metavar="K",
+                   help="trajectory: replay K random denoising steps per sequence (Horvitz-Thompson scaled; "
+                   "default all)")
 
 
 def _correction_overrides(args: argparse.Namespace, preset) -> dict:
@@ -518,6 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(fastest block backend per shape)")
     rollout.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of "
                          "--rollout-precision fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
+    _add_fast_rollout_args(rollout)
     _add_correction_args(p.add_argument_group("correction (docs/corrections.md)"))
     grpo = p.add_argument_group("GRPO")
     grpo.add_argument("--steps", type=int, default=None, help="GRPO steps (each: rollouts, rewards, updates, sync)")

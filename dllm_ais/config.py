@@ -213,8 +213,26 @@ class Preset:
         if self.correction.train_forward == "aligned" and self.train.rollout_precision != "fp8":
             raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
                              "it needs --rollout-precision fp8 (or use --train-forward bf16).")
+        if self.model.family == "llada":
+            self._check_mismatch_estimator()
         if self.grpo.max_completion_length < self.sampler.gen_length:
             object.__setattr__(self, "grpo", replace(self.grpo, max_completion_length=self.sampler.gen_length))
+
+    def _check_mismatch_estimator(self) -> None:
+        """Diffusion: the ELBO ratio cannot see a cache or threshold; the trajectory ratio needs a density (T > 0)."""
+        fast = self.sampler.cache != "none" or self.sampler.threshold is not None
+        if fast and self.train.mismatch_estimator == "elbo":
+            used = [f"--cache {self.sampler.cache}"] * (self.sampler.cache != "none") + [
+                f"--threshold {self.sampler.threshold}"] * (self.sampler.threshold is not None)
+            raise ValueError(f"{' with '.join(used)} changes the rollout sampler, which the ELBO mismatch estimator "
+                             "cannot see: pass --mismatch-estimator trajectory.")
+        if self.train.trajectory_steps is not None and self.correction.correction_level == "token":
+            raise ValueError("--trajectory-steps subsamples the sequence sum of ℓ (unbiased for sequence and geometric "
+                             "levels); per-token weights need every step: drop --trajectory-steps or use "
+                             "--correction-level sequence|geometric.")
+        if self.train.mismatch_estimator == "trajectory" and self.sampler.temperature == 0:
+            raise ValueError("--mismatch-estimator trajectory needs a sampling density: --temperature 0 (greedy) has "
+                             "none; sample at T > 0 or use --mismatch-estimator elbo.")
 
     def to_dict(self) -> dict:
         """Plain nested dict (written to <out>/config.json)."""

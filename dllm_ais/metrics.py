@@ -30,6 +30,8 @@ AIS_LOG_W_MAX = "ais/log_w_max"
 ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 ROLLOUT_STEPS = "rollout/steps"
 ROLLOUT_GEN_LEN = "rollout/gen_len"
+ROLLOUT_NFE = "rollout/nfe"
+"""Model forward calls of the step's rollout (Rollout.nfe; = rollout/steps without a KV cache or threshold)."""
 SKIPPED_STEPS = "train/skipped_steps"
 # rollout-correction diagnostics (verl's set under our names; dllm_ais/mismatch_stats.py, docs/corrections.md)
 MISMATCH_PPL_TRAIN = "mismatch/ppl_train"

@@ -102,7 +102,9 @@ def _llada_backend(sampler, model, tokenizer, train=None):
     from dllm_ais.models.load import stop_token_ids
 
     extra = {} if train is None else dict(p_mask_prompt=train.p_mask_prompt,
-                                          mismatch_num_draws=train.mismatch_num_draws)
+                                          mismatch_num_draws=train.mismatch_num_draws,
+                                          mismatch_estimator=train.mismatch_estimator,
+                                          trajectory_steps=train.trajectory_steps)
     return DiffusionBackend(sampler, model.config.mask_token_id, stop_token_ids(model), **extra)
 
 

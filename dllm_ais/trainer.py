@@ -246,6 +246,11 @@ class Trainer:
             token_log_w = torch.where(mask, logp_old - logp_roll, 0)  # [B, L]
             if cc.bypass:
                 log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)  # zeros
+            elif getattr(backend, "mismatch_estimator", "elbo") == "trajectory":  # replayed canvases, every level
+                with self._train_forward():
+                    token_log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
+                        self.tc.seed, self.step, "mismatch", self.acc.device), "token")  # [B, L] ℓ_j
+                log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)
             elif cc.correction_level == "sequence":
                 with self._train_forward():
                     log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout,
@@ -344,6 +349,7 @@ class Trainer:
         n_tokens = int(rollout.completion_mask.sum())
         row.update({M.ROLLOUT_TOKENS_PER_S: generated_tokens(rollout) / max(t_roll, 1e-9),
                     M.ROLLOUT_STEPS: rollout.num_steps, M.ROLLOUT_GEN_LEN: n_tokens / len(rows),
+                    M.ROLLOUT_NFE: rollout.num_steps if rollout.nfe is None else rollout.nfe,
                     M.time_key("rollout"): time.perf_counter() - t0})
 
         tok = self.policy.tokenizer

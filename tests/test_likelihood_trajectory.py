@@ -1,0 +1,301 @@
+"""Trajectory (commit-only) mismatch ratio: exactness, exact enumeration on 4-token completions, subsampling, chunks."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+
+from dllm_ais.backend import DiffusionBackend
+from dllm_ais.config import SamplerConfig
+from dllm_ais.likelihood.logprobs import proposal_logprobs
+from dllm_ais.likelihood.ratio import coupled_log_ratio
+from dllm_ais.likelihood.trajectory import replay_logprobs, replay_plan, trajectory_log_ratio
+from dllm_ais.models.tiny import tiny_model
+from dllm_ais.samplers.diffusion import diffusion_sample
+
+
+def _prompts(B, P, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 60, (B, P), generator=g)
+    mask = torch.ones(B, P, dtype=torch.bool)
+    mask[0, :2] = False  # left padding
+    if B > 3:
+        mask[3, :4] = False
+    return ids, mask
+
+
+def _rollout(model, cfg, B=6, P=7, seed=0, stops=(4,)):
+    ids, mask = _prompts(B, P, seed)
+    return diffusion_sample(model, ids, mask, cfg, model.config.mask_token_id, list(stops),
+                            generator=torch.Generator().manual_seed(seed + 1))
+
+
+@torch.no_grad()
+def sampler_record(model, rollout, cfg):
+    """What an uncached sampler records as log μ: at each step the whole batch's canvas, the current block's logits
+    (positions as a slice, as samplers/diffusion.py computes them), proposal_logprobs of the tokens committed then."""
+    B, L = rollout.completion_ids.shape
+    P, mask_id = rollout.prompt_ids.shape[1], model.config.mask_token_id
+    out = None
+    per_block = cfg.steps // cfg.num_blocks
+    for t in range(rollout.num_steps):
+        lo = (t // per_block) * cfg.block_length
+        hi = lo + cfg.block_length
+        canvas = torch.where((rollout.commit_step >= 0) & (rollout.commit_step < t), rollout.completion_ids, mask_id)
+        x = torch.cat([rollout.prompt_ids, canvas], 1)
+        attn = torch.cat([rollout.prompt_mask, torch.ones(B, L, dtype=torch.bool)], 1)
+        logits = model(input_ids=x, attention_mask=attn, positions=slice(P + lo, P + hi)).logits.float()
+        lp = proposal_logprobs(logits, rollout.completion_ids[:, lo:hi], cfg.temperature, mask_id)
+        out = torch.zeros(B, L, dtype=lp.dtype) if out is None else out
+        hit = rollout.commit_step[:, lo:hi] == t
+        out[:, lo:hi] = torch.where(hit, lp, out[:, lo:hi])
+    return out
+
+
+def _fp8(model):
+    from dllm_ais.fp8.linear import quantize_model
+
+    return quantize_model(model, backend="torch")
+
+
+def _fp4(model, fmt="nvfp4"):
+    from dllm_ais.fp4.linear import quantize_model
+
+    return quantize_model(model, fmt=fmt)
+
+
+CFG = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=0.8)
+
+
+def test_same_model_replay_is_exactly_zero():
+    model = tiny_model(seed=0, dtype=torch.float64)
+    rollout = _rollout(model, CFG)
+    mask_id = model.config.mask_token_id
+    # a separate copy as μ (no short-cut on identity): both replays are the same computation
+    est = trajectory_log_ratio(model, copy.deepcopy(model), rollout, temperature=0.8, mask_token_id=mask_id)
+    assert torch.equal(est.log_ratio, torch.zeros(6)) and torch.equal(est.token_log_ratio, torch.zeros(6, 8))
+    # what the uncached sampler records (whole-batch, block-slice forwards) is what the replay computes, exactly
+    recorded = sampler_record(model, rollout, CFG)
+    rollout.logp_rollout = recorded
+    est = trajectory_log_ratio(model, None, rollout, temperature=0.8, mask_token_id=mask_id, chunk_size=5)
+    assert torch.equal(est.log_ratio, torch.zeros(6))
+    assert est.num_canvases > 0 and est.num_forwards == -(-est.num_canvases // 5)
+    backend = DiffusionBackend(CFG, mask_id, (4,), mismatch_estimator="trajectory")
+    assert torch.equal(backend.mismatch_log_w(model, model, rollout, None, "token"), torch.zeros(6, 8))
+
+
+def test_replay_of_the_rollout_copy_matches_the_sampler_record():
+    """Without a record the estimator replays μ; for an uncached sampler that is μ's record (fp32: up to matmul
+    blocking across batch shapes)."""
+    model = tiny_model(seed=0)
+    mu = _fp8(model)
+    rollout = _rollout(mu, CFG)
+    plan = replay_plan(rollout.commit_step, rollout.completion_mask)
+    replayed = replay_logprobs(mu, rollout, plan, temperature=0.8, mask_token_id=model.config.mask_token_id)
+    recorded = sampler_record(mu, rollout, CFG)
+    counted = rollout.completion_mask
+    assert torch.allclose(replayed[counted], recorded[counted], atol=2e-6, rtol=0)
+    assert bool((replayed[counted] < 0).all())
+    est = trajectory_log_ratio(model, mu, rollout, temperature=0.8, mask_token_id=model.config.mask_token_id)
+    rollout.logp_rollout = recorded
+    est_rec = trajectory_log_ratio(model, None, rollout, temperature=0.8, mask_token_id=model.config.mask_token_id)
+    assert torch.allclose(est.log_ratio, est_rec.log_ratio, atol=1e-5, rtol=0)
+    assert est.log_ratio.abs().max() > 1e-3  # a real FP8 mismatch is measured
+
+
+def test_token_terms_sum_to_the_sequence_and_skip_uncounted_tokens():
+    model = tiny_model(seed=0)
+    rollout = _rollout(_fp8(model), CFG, B=8, stops=tuple(range(5, 40)))  # many stop ids: some rows end early
+    assert not bool(rollout.completion_mask.all())
+    est = trajectory_log_ratio(model, _fp8(model), rollout, temperature=0.8, mask_token_id=model.config.mask_token_id)
+    assert bool((est.token_log_ratio[~rollout.completion_mask] == 0).all())
+    assert torch.allclose(est.token_log_ratio.double().sum(-1).float(), est.log_ratio, atol=1e-6)
+    backend = DiffusionBackend(CFG, model.config.mask_token_id, (4,), mismatch_estimator="trajectory")
+    seq = backend.mismatch_log_w(model, _fp8(model), rollout, None, "sequence")
+    tok = backend.mismatch_log_w(model, _fp8(model), rollout, None, "token")
+    assert torch.equal(seq, est.log_ratio) and torch.equal(tok, est.token_log_ratio)
+
+
+def test_temperature_zero_is_refused():
+    model = tiny_model(seed=0)
+    rollout = _rollout(model, CFG)
+    with pytest.raises(ValueError, match="--temperature 0"):
+        trajectory_log_ratio(model, _fp8(model), rollout, temperature=0.0, mask_token_id=model.config.mask_token_id)
+
+
+def test_chunking_gives_identical_results():
+    model = tiny_model(seed=0, dtype=torch.float64)
+    other = tiny_model(seed=1, dtype=torch.float64)
+    rollout = _rollout(other, CFG)
+    kw = dict(temperature=0.8, mask_token_id=model.config.mask_token_id)
+    base = trajectory_log_ratio(model, other, rollout, **kw)
+    for size in (1, 2, 3, 5, 1000):
+        est = trajectory_log_ratio(model, other, rollout, chunk_size=size, **kw)
+        assert torch.equal(est.token_log_ratio, base.token_log_ratio), size
+        assert est.num_forwards == -(-base.num_canvases // size)
+    model32, mu32 = tiny_model(seed=0), _fp8(tiny_model(seed=0))  # float32: equal up to matmul blocking
+    base = trajectory_log_ratio(model32, mu32, rollout, **kw)
+    for size in (1, 7):
+        est = trajectory_log_ratio(model32, mu32, rollout, chunk_size=size, **kw)
+        assert torch.allclose(est.token_log_ratio, base.token_log_ratio, atol=2e-6, rtol=0)
+
+
+def test_step_subsampling_is_unbiased():
+    model = tiny_model(seed=0)
+    mu = _fp8(model)
+    rollout = _rollout(mu, CFG, B=4)
+    kw = dict(temperature=0.8, mask_token_id=model.config.mask_token_id)
+    full = trajectory_log_ratio(model, mu, rollout, **kw)
+    rollout.logp_rollout = sampler_record(mu, rollout, CFG)  # μ recorded once, as the sampler does
+    K, n = 3, 300
+    S = torch.tensor([torch.unique(c[m]).numel() for c, m in zip(rollout.commit_step, rollout.completion_mask,
+                                                                  strict=True)])
+    assert bool((S > K).all())
+    g = torch.Generator().manual_seed(7)
+    draws = []
+    for _ in range(n):
+        est = trajectory_log_ratio(model, None, rollout, num_steps=K, generator=g, **kw)
+        assert est.num_canvases == 4 * K
+        draws.append(est.log_ratio.double())
+    draws = torch.stack(draws)  # [n, B]
+    se = draws.std(0) / n ** 0.5
+    assert bool((draws.std(0) > 0).all())  # the draws do differ
+    assert bool(((draws.mean(0) - full.log_ratio.double()).abs() <= 3 * se + 1e-6).all()), (draws.mean(0), full)
+    with pytest.raises(ValueError, match="Generator"):
+        trajectory_log_ratio(model, None, rollout, num_steps=K, **kw)
+
+
+# ------------------------------------------------------------------------------ exact enumeration, 4-token outputs
+@torch.no_grad()
+def _subset_logprobs(model, prompt_ids, prompt_mask, y, T):
+    """log p(y_j | canvas with the positions in subset s filled) for every subset s and position j: [B, 2^L, L]."""
+    B, L = y.shape
+    mask_id = model.config.mask_token_id
+    bits = torch.tensor([[(s >> j) & 1 for j in range(L)] for s in range(2 ** L)], dtype=torch.bool)  # [S, L]
+    canvas = torch.where(bits[None], y[:, None], mask_id)  # [B, S, L]
+    S, P = bits.shape[0], prompt_ids.shape[1]
+    ids = torch.cat([prompt_ids[:, None].expand(-1, S, -1), canvas], -1).flatten(0, 1)
+    attn = torch.cat([prompt_mask[:, None].expand(-1, S, -1), torch.ones_like(canvas, dtype=torch.bool)], -1)
+    logits = model(input_ids=ids, attention_mask=attn.flatten(0, 1), positions=slice(P, None)).logits
+    return proposal_logprobs(logits, y[:, None].expand(-1, S, -1).flatten(0, 1), T, mask_id).view(B, S, L).double()
+
+
+def _path_logprob(lp, order):
+    """Σ_t log p(y_order[t] | canvas of order[:t]) for one order: lp [B, S, L] -> [B]."""
+    s, total = 0, 0.0
+    for j in order:
+        total = total + lp[:, s, j]
+        s |= 1 << j
+    return total
+
+
+def _exact_log_prob(lp):
+    """log Σ_orders Π_t p(y_σt | canvas_t): the random-remasking sampler's log P(y) up to the model-free order
+    factor Π 1/(L − t) (one token per step). lp [B, S, L] -> [B]."""
+    L = lp.shape[-1]
+    return torch.stack([_path_logprob(lp, o) for o in itertools.permutations(range(L))]).logsumexp(0)
+
+
+RANDOM4 = SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0, remasking="random")
+
+
+def test_trajectory_is_the_exact_path_ratio_and_an_unbiased_weight():
+    """Random remasking, one token per step: the order is chosen uniformly, so the exact log-ratio of the sampled
+    path (y, order) is the trajectory ℓ, and E over μ's posterior of the order given y of e^ℓ is π_old(y) / μ(y)."""
+    model = tiny_model(seed=0)
+    mu = _fp4(model)
+    B = 6
+    ids, mask = _prompts(B, 6, 3)
+    mask_id = model.config.mask_token_id
+    rollout = diffusion_sample(mu, ids, mask, RANDOM4, mask_id, [mask_id], generator=torch.Generator().manual_seed(0))
+    lp_old = _subset_logprobs(model, ids, mask, rollout.completion_ids, 1.0)
+    lp_mu = _subset_logprobs(mu, ids, mask, rollout.completion_ids, 1.0)
+    est = trajectory_log_ratio(model, mu, rollout, temperature=1.0, mask_token_id=mask_id)
+    for b in range(B):
+        order = rollout.commit_step[b].argsort().tolist()
+        path = _path_logprob(lp_old[b:b + 1], order) - _path_logprob(lp_mu[b:b + 1], order)
+        assert abs(float(est.log_ratio[b]) - float(path)) < 2e-5
+    # every order of each y as a rollout: E_{σ ~ μ(σ | y)}[e^ℓ(σ)] = π_old(y) / μ(y)
+    orders = list(itertools.permutations(range(4)))
+    rows = torch.arange(B).repeat_interleave(len(orders))
+    commit = torch.tensor(orders * B).argsort(-1)  # commit_step[j] = the step at which position j is committed
+    many = copy.copy(rollout)
+    many.prompt_ids, many.prompt_mask = ids[rows], mask[rows]
+    many.completion_ids, many.completion_mask = rollout.completion_ids[rows], rollout.completion_mask[rows]
+    many.commit_step = commit
+    ell = trajectory_log_ratio(model, mu, many, temperature=1.0, mask_token_id=mask_id).log_ratio.double()
+    path_mu = torch.stack([_path_logprob(lp_mu, o) for o in orders], 1).flatten()  # [B * 24]
+    post = (path_mu.view(B, -1) - _exact_log_prob(lp_mu)[:, None])  # log μ(σ | y)
+    lhs = (post + ell.view(B, -1)).logsumexp(-1)
+    exact = _exact_log_prob(lp_old) - _exact_log_prob(lp_mu)
+    assert torch.allclose(lhs, exact, atol=5e-5, rtol=0), (lhs, exact)
+    assert exact.abs().max() > 1e-2  # FP4 mismatch is large enough for this to mean something
+
+
+def _corr(a, b):
+    return float(torch.corrcoef(torch.stack([a.detach().double(), b.detach().double()]))[0, 1])
+
+
+@pytest.mark.parametrize("copy_fn", [_fp8, _fp4], ids=["fp8", "nvfp4"])
+def test_correlation_with_the_exact_sequence_log_ratio(copy_fn):
+    """Over 128 sampled 4-token completions: the trajectory ℓ (one sampled order) vs the exact marginal log-ratio
+    log π_old(y) − log μ(y) (all 24 orders enumerated), beside the coupled ELBO ratio at K = 2.
+
+    Measured here (random tiny model, seed 0): trajectory corr 0.896 (FP8) / 0.839 (NVFP4), ELBO 0.779 / 0.829; RMSE
+    trajectory 0.0119 / 0.0554 nats, ELBO 0.0227 / 0.0691. The ≥ 0.99 of issue 18 is not reached: the trajectory
+    ratio is the exact ratio of the sampled *path* (y, order) — see the test above — and the spread of path ratios
+    across the orders that produce the same y is what separates it from the marginal ratio."""
+    model = tiny_model(seed=0)
+    mu = copy_fn(model)
+    mask_id = model.config.mask_token_id
+    ids, mask = _prompts(128, 6, 1)
+    rollout = diffusion_sample(mu, ids, mask, RANDOM4, mask_id, [mask_id], generator=torch.Generator().manual_seed(1))
+    traj = trajectory_log_ratio(model, mu, rollout, temperature=1.0, mask_token_id=mask_id).log_ratio
+    exact = (_exact_log_prob(_subset_logprobs(model, ids, mask, rollout.completion_ids, 1.0))
+             - _exact_log_prob(_subset_logprobs(mu, ids, mask, rollout.completion_ids, 1.0)))
+    elbo = coupled_log_ratio(model, mu, ids, mask, rollout.completion_ids, rollout.completion_mask, num_draws=2,
+                             generator=torch.Generator().manual_seed(2), mask_token_id=mask_id).log_ratio
+    c_traj, c_elbo = _corr(traj, exact), _corr(elbo, exact)
+    rmse = lambda e: float((e.double() - exact).pow(2).mean().sqrt())  # noqa: E731
+    print(f"corr trajectory {c_traj:.3f} elbo {c_elbo:.3f}; rmse trajectory {rmse(traj):.4f} elbo {rmse(elbo):.4f}")
+    assert c_traj >= 0.8 and c_elbo < 0.9
+    assert rmse(traj) < rmse(elbo)
+
+
+class _Counting(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, 0
+
+    def forward(self, **kwargs):
+        self.calls += 1
+        return self.model(**kwargs)
+
+
+def test_replay_pads_its_forwards_to_the_other_processes(monkeypatch, tmp_path):
+    """Under FSDP each forward all-gathers, so a rank with fewer canvases runs discarded forwards until it has made
+    as many calls as the busiest rank (`_forwards_in_step`, an all-reduce MAX; here a one-process gloo group, and
+    another rank's larger count simulated)."""
+    import torch.distributed as dist
+
+    import dllm_ais.likelihood.trajectory as trajectory
+
+    model = tiny_model(seed=0)
+    rollout = _rollout(model, CFG, B=4)
+    counting = _Counting(model)
+    kw = dict(temperature=0.8, mask_token_id=model.config.mask_token_id, chunk_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        base = trajectory_log_ratio(counting, _fp8(model), rollout, **kw)
+        assert counting.calls == base.num_forwards  # one process: no padding
+        real = trajectory._forwards_in_step
+        monkeypatch.setattr(trajectory, "_forwards_in_step", lambda n, device: real(n, device) + 3)
+        counting.calls = 0
+        padded = trajectory_log_ratio(counting, _fp8(model), rollout, **kw)
+    finally:
+        dist.destroy_process_group()
+    assert counting.calls == base.num_forwards + 3
+    assert torch.equal(padded.token_log_ratio, base.token_log_ratio)
