@@ -156,8 +156,11 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
     if tc.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=tc.lora_r, lora_alpha=tc.lora_alpha, lora_dropout=tc.lora_dropout,
-                                                 target_modules=family_.lora_targets()))
+        with torch.random.fork_rng(devices=[]):  # peft draws LoRA's A from the global CPU RNG: the run's seed decides
+            torch.manual_seed(tc.seed)  # it (the same on every process, and in a relaunch), the global stream is kept
+            model = get_peft_model(model, LoraConfig(r=tc.lora_r, lora_alpha=tc.lora_alpha,
+                                                     lora_dropout=tc.lora_dropout,
+                                                     target_modules=family_.lora_targets()))
 
     def save_model(m, directory: Path) -> None:
         if hasattr(m, "peft_config"):

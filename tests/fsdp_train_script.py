@@ -13,10 +13,13 @@ embedding, the tail and the root), FSDP2's `no_sync` (set_requires_gradient_sync
 `clip_grad_norm_`, the gradient reduce-scatter — is accelerate's and torch's own code, run over gloo.
 
 Writes OUT/params-rank{i}.pt = {"rank", "world", "distributed_type", "is_fsdp2", "sharded_params" / "params": how many
-master parameters are DTensors / all of them, "rollout_type": class of the rollout copy, "records": per step this
-process's rollout, ℓ, λ and ω (as tests/dist_train_script.py records them), "events"}. With `--replay DIR` (one plain
-process, no launcher) the rollouts and ℓ of the run in DIR are replayed as one process's global batch. The test
-compares these files, metrics.jsonl and the final checkpoints; this script asserts nothing itself.
+master parameters are DTensors / all of them when GRPO starts (after a resume), "rollout_type": class of the rollout
+copy, "records": per step this process's rollout, ℓ, λ and ω (as tests/dist_train_script.py records them), "events",
+"init" / "final": full copies of the parameters when GRPO started / ended (shards gathered), "resumed_at":
+the step this launch started from}; a resumed launch keeps the earlier launch's records and init. With `--replay DIR`
+(one plain process, no launcher) the run in DIR is replayed as one process holding its global batch: its rollouts and
+ℓ, and its initial trainable parameters (peft draws LoRA's init from each process's own RNG). The test compares these
+files, metrics.jsonl and the final checkpoints; this script asserts nothing itself.
 """
 
 from __future__ import annotations
@@ -51,10 +54,11 @@ def cpu_fsdp2() -> None:
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of the full tensors of `model`'s trainable parameters (DTensor shards gathered: collective)."""
+    """CPU copies of the full tensors of `model`'s parameters, frozen ones included (DTensor shards gathered:
+    collective)."""
     from dllm_ais.fsdp_sync import full_tensor
 
-    return {n: full_tensor(p.detach()).cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: full_tensor(p.detach()).cpu().clone() for n, p in model.named_parameters()}
 
 
 def main() -> None:
@@ -66,6 +70,7 @@ def main() -> None:
     out = Path(train_flags[train_flags.index("--out") + 1])
 
     from dist_train_script import concat_records, record_steps, small_preset
+    from torch.distributed.tensor import DTensor
 
     from dllm_ais import cli
     from dllm_ais.config import PRESETS
@@ -85,9 +90,12 @@ def main() -> None:
     fit = Trainer.fit
 
     init: dict[str, torch.Tensor] = {}
+    start: list[int] = []
+    sharded: dict[str, int] = {}
 
     def fit_keeping(self, *a, **k):
         trainers.append(self)
+        start.append(self.step)
         if replay is not None:  # start where the replayed run started (peft's LoRA init is drawn per process)
             with torch.no_grad():
                 for name, p in self.master.named_parameters():
@@ -95,6 +103,8 @@ def main() -> None:
                         p.copy_(replay_init[name])
             self._sync_rollout()
         init.update(full_state(self.master))
+        params = list(self.master.parameters())  # before any forward: FSDP2 leaves the tail (final norm, LM head,
+        sharded.update(params=len(params), sharded_params=sum(isinstance(p, DTensor) for p in params))  # no reshard)
         return fit(self, *a, **k)
 
     Trainer.fit = fit_keeping
@@ -102,16 +112,16 @@ def main() -> None:
     if code:
         sys.exit(code)
     (trainer,) = trainers
-    from torch.distributed.tensor import DTensor
-
     acc = trainer.acc
-    params = list(trainer.master.parameters())
+    path = out / f"params-rank{acc.process_index}.pt"
+    if start[0] > 0:  # resumed: the steps before come from the launch that wrote the checkpoint
+        before = torch.load(path, weights_only=True)
+        records[:0], init = before["records"][: start[0]], before["init"]
     torch.save({"rank": acc.process_index, "world": acc.num_processes, "distributed_type": str(acc.distributed_type),
                 "is_fsdp2": bool(getattr(acc, "is_fsdp2", False)),
-                "sharded_params": sum(isinstance(p, DTensor) for p in params), "params": len(params),
+                **sharded,
                 "rollout_type": type(trainer.rollout_model).__name__, "records": records, "events": events,
-                "init": init, "final": full_state(trainer.master)},
-               out / f"params-rank{acc.process_index}.pt")
+                "init": init, "final": full_state(trainer.master), "resumed_at": start[0]}, path)
     acc.wait_for_everyone()
     print(f"rank {acc.process_index}/{acc.num_processes} ({acc.distributed_type}): done", flush=True)
 
