@@ -190,6 +190,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     """
     from accelerate import PartialState
 
+    from dllm_ais.fsdp_setup import check_fsdp
+
     state = PartialState(cpu=preset.model.device == "cpu")  # one process, or one per `accelerate launch` rank
     run = RunDir(out)
     if not resume and run.holds_run():
@@ -198,6 +200,7 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         preset = run.create(preset, resume=True)
     if steps is not None:
         preset = replace(preset, train=replace(preset.train, steps=steps))
+    check_fsdp(preset)  # what this preset cannot train under accelerate's FSDP settings: refused before any write
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
     if not resume:
         check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind

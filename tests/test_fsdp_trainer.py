@@ -130,3 +130,44 @@ def test_fsdp2_run_resumed_equals_one_process_with_the_global_batch(tmp_path, lo
     for k, v in single_ckpt.items():
         assert type(sharded_ckpt[k]) is torch.Tensor
         torch.testing.assert_close(sharded_ckpt[k], v, rtol=0, atol=PARAM_ATOL, msg=k)
+
+
+def _preset(**changes):
+    from dataclasses import replace
+
+    from dllm_ais.config import get_preset
+
+    p = get_preset("tiny-cpu")
+    model = {k: changes.pop(k) for k in ("family", "dtype") if k in changes}
+    return replace(p, model=replace(p.model, **model), train=replace(p.train, **changes))
+
+
+@pytest.mark.parametrize(("version", "changes", "refused"), [
+    (None, {"dtype": "bfloat16"}, None),  # not FSDP: nothing to refuse here
+    (1, {}, "fsdp_version: 2"),  # FP8 rollouts need FSDP2's per-layer gather
+    (1, {"rollout_precision": "fp4"}, "fsdp_version: 2"),
+    (1, {"rollout_precision": "bf16"}, None),
+    (2, {}, None),  # the tested setup: float32 full fine-tuning, FP8 rollouts
+    (2, {"dtype": "bfloat16"}, "--dtype float32"),  # a sharded bf16 optimizer would lose small updates
+    (2, {"dtype": "bfloat16", "lora_r": 8}, None),  # LoRA adapters are fp32
+    (2, {"family": "qwen", "lora_r": 8}, "Qwen3"),  # the fused Qwen rollout copy syncs from full weights only
+])
+def test_fsdp_refusals(version, changes, refused):
+    from dllm_ais.fsdp_setup import fsdp_refusals, fsdp_version_from_env
+
+    reason = fsdp_refusals(_preset(**changes), version)
+    assert reason is None if refused is None else refused in reason
+    assert fsdp_version_from_env({}) is None and fsdp_version_from_env({"ACCELERATE_USE_FSDP": "false"}) is None
+    assert fsdp_version_from_env({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}) == 2
+    assert fsdp_version_from_env({"ACCELERATE_USE_FSDP": "true"}) == 1  # accelerate's default
+
+
+def test_fsdp1_with_fp8_rollouts_is_refused_before_the_run_directory_exists(tmp_path, monkeypatch):
+    """What `accelerate launch --use_fsdp --fsdp_version 1` exports: refused before SFT, model or run directory."""
+    from dllm_ais.train_job import run_training
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ValueError, match="fsdp_version: 2"):
+        run_training(_preset(steps=1, sft_steps=1), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
