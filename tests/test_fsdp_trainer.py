@@ -44,12 +44,12 @@ PARAM_ATOL = 2e-6
 LOSS_RTOL = 1e-4
 
 
-def launch(tmp: Path, args: list[str], num_processes: int = 2) -> float:
+def launch(tmp: Path, args: list[str], num_processes: int = 2, mixed_precision: str = "no") -> float:
     """Run the helper under `accelerate launch` with FSDP2 on `num_processes` CPU processes (1: a plain process);
     returns the seconds it took. HF_HOME points into tmp so that no user accelerate config changes the launch."""
     launcher = [sys.executable, "-m", "accelerate.commands.launch", *FSDP2_FLAGS, "--num_processes",
-                str(num_processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(free_port())]
+                str(num_processes), "--num_machines", "1", "--mixed_precision", mixed_precision,
+                "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     cmd = [*(launcher if num_processes > 1 else [sys.executable]), str(SCRIPT), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(tmp / "hf_home"), HF_HUB_OFFLINE="1",
                PYTHONUNBUFFERED="1")
@@ -130,6 +130,27 @@ def test_fsdp2_run_resumed_equals_one_process_with_the_global_batch(tmp_path, lo
     for k, v in single_ckpt.items():
         assert type(sharded_ckpt[k]) is torch.Tensor
         torch.testing.assert_close(sharded_ckpt[k], v, rtol=0, atol=PARAM_ATOL, msg=k)
+
+
+@pytest.mark.slow
+def test_fsdp2_lora_on_a_bf16_base_with_bf16_mixed_precision_trains_and_resumes(tmp_path):
+    """The README's 8-GPU setup in small: LoRA on a bfloat16 base, accelerate's mixed_precision bf16 (FSDP2 keeps
+    fp32 sharded adapters, gathers in bf16). No one-process twin at this precision: the run must shard, keep the
+    dtypes, train finite steps and resume (an FSDP2 group of bf16 base and fp32 adapter weights needs the bf16
+    policy to all-gather them together)."""
+    run = tmp_path / "run"
+    launch(tmp_path, ["--out", str(run), "--steps", "2", "--lora-r", "4", "--dtype", "bfloat16"],
+           mixed_precision="bf16")
+    launch(tmp_path, ["--out", str(run), "--steps", "3", "--resume"], mixed_precision="bf16")
+    rows = M.read_metrics(run)
+    assert [r[M.STEP] for r in rows] == [0, 1, 2]
+    assert all(math.isfinite(r[M.LOSS_POLICY]) and math.isfinite(r[M.MISMATCH_KL]) for r in rows), rows
+    for r in _ranks(run, 2):
+        assert r["is_fsdp2"] and r["sharded_params"] == r["params"] > 0 and r["resumed_at"] == 2
+        lora = {k: v for k, v in r["final"].items() if "lora_" in k}
+        assert lora and all(v.dtype == torch.float32 for v in lora.values()), "fp32 adapter masters"
+        assert all(v.dtype == torch.bfloat16 for k, v in r["final"].items() if k not in lora), "bf16 frozen base"
+        assert any(not torch.equal(v, r["init"][k]) for k, v in lora.items()), "the adapters trained"
 
 
 def _preset(**changes):
