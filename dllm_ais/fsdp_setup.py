@@ -71,6 +71,8 @@ def broadcast_from_main(model: nn.Module) -> None:
     seeded, global RNG). Collective."""
     import torch.distributed as dist
 
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
     for t in itertools.chain(model.parameters(), model.buffers()):
         x = t.data.view(torch.uint8) if t.dtype == torch.bool else t.data  # gloo has no bool collectives
         dist.broadcast(x, src=0)
