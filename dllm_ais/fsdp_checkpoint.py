@@ -51,12 +51,14 @@ def full_on_main(module: nn.Module, is_main: bool) -> Iterator[nn.Module]:
 
 @contextlib.contextmanager
 def loading_full(module: nn.Module) -> Iterator[nn.Module]:
-    """Within the block, every rank's `module` holds full CPU tensors in place of its sharded parameters; whatever is
-    loaded into them is scattered back into the shards on exit (every rank loads the same checkpoint). Collective."""
+    """Within the block, every rank's `module` holds full CPU tensors in place of its sharded parameters (their current
+    values, gathered); whatever is loaded into them is scattered back into the shards on exit (every rank loads the
+    same checkpoint). A checkpoint that holds only some parameters (a LoRA adapter) leaves the others as they were.
+    Collective."""
     swapped = []
     for sub, name, p in _dtensor_params(module):
         swapped.append((sub, name, p))
-        sub._parameters[name] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=False)
+        sub._parameters[name] = nn.Parameter(p.detach().full_tensor().cpu(), requires_grad=False)
     # FSDP2's load_state_dict post-hooks re-register the module's (expected: DTensor) parameters as its shards; the
     # shards are filled in place below instead, so the hooks are set aside while plain tensors stand in.
     hooks = {sub: sub._load_state_dict_post_hooks for sub in module.modules()}

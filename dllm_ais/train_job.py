@@ -158,8 +158,11 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
     if tc.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=tc.lora_r, lora_alpha=tc.lora_alpha, lora_dropout=tc.lora_dropout,
-                                                 target_modules=family_.lora_targets()))
+        with torch.random.fork_rng(devices=[]):  # peft draws LoRA's A from the global CPU RNG: the run's seed decides
+            torch.manual_seed(tc.seed)  # it (the same on every process, and in a relaunch), the global stream is kept
+            model = get_peft_model(model, LoraConfig(r=tc.lora_r, lora_alpha=tc.lora_alpha,
+                                                     lora_dropout=tc.lora_dropout,
+                                                     target_modules=family_.lora_targets()))
 
     def save_model(m, directory: Path) -> None:
         if hasattr(m, "peft_config"):
@@ -190,6 +193,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     """
     from accelerate import PartialState
 
+    from dllm_ais.fsdp_setup import check_fsdp
+
     state = PartialState(cpu=preset.model.device == "cpu")  # one process, or one per `accelerate launch` rank
     run = RunDir(out)
     if not resume and run.holds_run():
@@ -200,6 +205,7 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         preset = replace(preset, train=replace(preset.train, steps=steps))
     if save_every is not None:
         preset = replace(preset, train=replace(preset.train, save_every=save_every))
+    check_fsdp(preset)  # what this preset cannot train under accelerate's FSDP settings: refused before any write
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
     if not resume:
         check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind

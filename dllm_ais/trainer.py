@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from dllm_ais import fsdp_setup
 from dllm_ais import metrics as M
 from dllm_ais.advantages import group_advantages
 from dllm_ais.backend import Backend
@@ -135,6 +136,8 @@ class Trainer:
                              "time into the quantised copy); set fsdp_version: 2 in accelerate's fsdp_config, or use "
                              "--rollout-precision bf16.")
         model = policy.model
+        if self.fsdp:  # each process shards its own full model: they must be equal (DDP broadcasts in prepare)
+            fsdp_setup.broadcast_from_main(model)
         params = [p for p in model.parameters() if p.requires_grad]
         # 16-bit parameters (bf16 full fine-tuning) get fp32 master copies: AdamW updates those, the model computes in
         # bf16. Under FSDP the sharded parameters are the master: load fp32 and let FSDP's mixed precision cast.
@@ -153,14 +156,18 @@ class Trainer:
         if rollout_first:
             self.model = model
             self.rollout_model = self._make_rollout_model()
+        needs_ref = preset.grpo.beta > 0 and not hasattr(model, "disable_adapter")  # LoRA: the adapter-free base
+        fsdp2 = self.fsdp and getattr(self.acc, "is_fsdp2", False)
+        ref = fsdp_setup.reference_copy(model) if needs_ref and fsdp2 else None  # FSDP2 modules refuse deepcopy
         # The scheduler stays unprepared: accelerate would step it once per process per update.
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
         if self.master_weights is not None:  # DDP broadcast rank 0's parameters in prepare: the masters follow
             self.master_weights.model_to_master()
         self._zero_grad()
         self.ref_model = None
-        if preset.grpo.beta > 0 and not self._is_peft():
-            self.ref_model = copy.deepcopy(self.master).eval().requires_grad_(False)
+        if needs_ref:
+            self.ref_model = fsdp_setup.shard_reference(self.acc, ref) if fsdp2 else \
+                copy.deepcopy(self.master).eval().requires_grad_(False)
         # (--train-forward aligned without FP8 rollouts is refused by Preset, before anything is created)
         if not rollout_first:
             self.rollout_model = self._make_rollout_model()
