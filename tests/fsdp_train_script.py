@@ -108,7 +108,8 @@ def main() -> None:
         return fit(self, *a, **k)
 
     Trainer.fit = fit_keeping
-    code = cli.main(["train", "--preset", PRESET, "--threads", "1", "--no-progress", *train_flags])
+    preset_flag = [] if "--resume" in train_flags else ["--preset", PRESET]  # a resume reads the run's own preset
+    code = cli.main(["train", *preset_flag, "--threads", "1", "--no-progress", *train_flags])
     if code:
         sys.exit(code)
     (trainer,) = trainers
