@@ -130,7 +130,7 @@ def _fp8_gemm_kernel(
     stride_am, stride_wn, stride_asm, stride_asg, stride_wsn, stride_wsg, stride_cm,
     M_BUCKET,  # autotune key only
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PERSISTENT: tl.constexpr,  # programs loop over tiles (grid = min(#SMs, #tiles)); else one tile per program
+    PERSISTENT: tl.constexpr,  # host-side only: the grid is min(#SMs, #tiles) instead of #tiles
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, OUT_BF16: tl.constexpr, RNE_BF16: tl.constexpr,
 ):  # fmt: skip
     """c = sum_kb (a_kb @ w_kb^T) * as[:, kb] ⊗ ws[n // 128, kb], one 128-wide K block (BLOCK_K == 128) per step.
@@ -140,10 +140,9 @@ def _fp8_gemm_kernel(
     128-wide partial product to fp32 before summing bounds that error to one block — the remedy DeepGEMM uses too.
     Never fold the scales into a longer dot or pass `acc` into tl.dot to "save" the multiply.
 
-    Schedule: without PERSISTENT each program does the one tile its id names (grid = #tiles, the classic launch);
-    with PERSISTENT programs walk the tiles pid, pid + P, pid + 2P, … (P = the grid size, e.g. #SMs), which saves
-    launch and tail cost on Hopper. The two compile to different code (the loop's stride is a constant or P).
-    Tiles are ordered in GROUP_M-row groups so the column tiles a group shares stay in L2.
+    Schedule: programs walk the tiles tile = pid, pid + P, pid + 2P, … (P = the grid size). With P = #tiles every
+    program does one tile (the classic launch); with P = #SMs (PERSISTENT) each program loops, which saves launch and
+    tail cost on Hopper. Tiles are ordered in GROUP_M-row groups so the column tiles a group shares stay in L2.
 
     Operands: a_src / w_src are pointers, or (USE_TMA, GPU only) host-made tensor descriptors whose out-of-bounds
     rows / columns read as zero. Scales are read through their strides, so as may be [M, G] contiguous or K-major
@@ -154,11 +153,7 @@ def _fp8_gemm_kernel(
     num_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_m * num_n
     group_size = GROUP_M * num_n
-    if PERSISTENT:
-        tile_stride = tl.num_programs(0)
-    else:
-        tile_stride = num_tiles  # one tile per program: the body runs once, with no loop-carried state to keep
-    for tile in range(tl.program_id(0), num_tiles, tile_stride):
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         first_m = (tile // group_size) * GROUP_M
         rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
         pid_m = first_m + (tile % group_size) % rows_in_group
@@ -211,13 +206,12 @@ def _tma_block_shapes(nargs: dict) -> None:
 
 # (BLOCK_M, BLOCK_N, GROUP_M, num_warps, num_stages, PERSISTENT). Sources: vLLM's tuned H100 block-FP8 configs
 # (N=12288, K=7168: 16×32…128 tiles, 4 warps, 4–5 stages for M ≤ 24; 64×128, 4 warps, 3–4 stages, GROUP_M 16–64 from
-# M = 32 up), FBGEMM's triton fp8_gemm and the triton persistent-matmul tutorial (grid = #SMs), pruned by what the
-# kernel costs on sm_90 (compiled ahead of time, fp8/aot.py; tests/test_aot_sm90.py keeps it so): the scaled promotion
-# keeps the dot result and the accumulator live at once (2 × BLOCK_M·BLOCK_N fp32 across the warps), so with pointer
-# loads 128×128 (4 or 8 warps), 128×256, 256×128 and 64×256 on 4 warps hit 255 registers and spill 64–712 B per
-# thread inside the K loop. They are out. 64×256 and 128×64 on 8 warps stay under 216 registers. TMA loads need no
-# per-thread address registers, which is what brings 128×128 on 8 warps to 243 registers without a spill: that tile
-# is in the TMA set only. Tiles of 16 and 32 rows are for decode-sized M (mma.sync; wgmma needs 64 rows).
+# M = 32 up), FBGEMM's triton fp8_gemm (128×256 / 256×128 tiles with 8 warps, 3 stages) and the triton
+# persistent-matmul tutorial (128×256, 8 warps, 3–4 stages, grid = #SMs). A 128×256 fp8 K step needs (128 + 256) ·
+# 128 B = 48 KiB of shared memory, so 3 stages fit Hopper's 228 KiB; configs that do not fit are discarded by the
+# autotuner. Register pressure: the scaled promotion keeps the dot result and the accumulator live at once (2 ×
+# BLOCK_M·BLOCK_N fp32 across the warps), which is why vLLM prefers 64×128 with 4 warps; the wide tiles stay in the
+# set for the autotuner to judge.
 _GPU_GEMM_SHAPES = [
     (16, 64, 64, 4, 4, False),  # decode-sized M
     (16, 128, 16, 4, 5, False),
@@ -225,26 +219,18 @@ _GPU_GEMM_SHAPES = [
     (64, 128, 16, 4, 4, False),
     (64, 128, 32, 4, 3, False),
     (64, 128, 64, 4, 4, False),
-    (64, 256, 8, 8, 3, False),
-    (128, 64, 8, 8, 4, False),
-    (64, 128, 16, 4, 4, True),
-    (64, 256, 8, 8, 3, True),
-]
-_TMA_ONLY_SHAPES = [
+    (64, 256, 8, 4, 3, False),
+    (128, 128, 8, 4, 4, False),
     (128, 128, 8, 8, 4, False),
+    (128, 256, 8, 8, 3, False),
+    (256, 128, 8, 8, 3, False),
+    (64, 128, 16, 4, 4, True),
     (128, 128, 8, 8, 4, True),
+    (128, 256, 8, 8, 3, True),
 ]
-
-
-def _prune_wasted_rows(configs: list, named_args: dict, **kwargs) -> list:
-    """Autotune pre-filter: drop tiles taller than the M bucket (at M = 64 a 128-row tile does 2× the MMA work for
-    nothing). The 16-row tiles always survive, so the set is never empty."""
-    m_bucket = named_args["M_BUCKET"]
-    return [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, m_bucket)]
 
 
 def _gpu_configs(tma: bool) -> list:
-    shapes = _GPU_GEMM_SHAPES + (_TMA_ONLY_SHAPES if tma else [])
     return [
         triton.Config(
             {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": gm, "PERSISTENT": p},
@@ -252,17 +238,14 @@ def _gpu_configs(tma: bool) -> list:
             num_stages=s,
             pre_hook=_tma_block_shapes if tma else None,
         )  # fmt: skip
-        for bm, bn, gm, w, s, p in shapes
+        for bm, bn, gm, w, s, p in _GPU_GEMM_SHAPES
     ]
 
 
 # Autotune only when compiled: the interpreter fails with more than one config (DESIGN.md §7).
 _AUTOTUNE_KEY = ["N", "K", "M_BUCKET"]
-_PRUNE = {"early_config_prune": _prune_wasted_rows}
-_fp8_gemm_tuned = None if INTERPRET else triton.autotune(
-    _gpu_configs(False), key=_AUTOTUNE_KEY, prune_configs_by=_PRUNE)(_fp8_gemm_kernel)
-_fp8_gemm_tuned_tma = None if INTERPRET else triton.autotune(
-    _gpu_configs(True), key=_AUTOTUNE_KEY, prune_configs_by=_PRUNE)(_fp8_gemm_kernel)
+_fp8_gemm_tuned = None if INTERPRET else triton.autotune(_gpu_configs(False), key=_AUTOTUNE_KEY)(_fp8_gemm_kernel)
+_fp8_gemm_tuned_tma = None if INTERPRET else triton.autotune(_gpu_configs(True), key=_AUTOTUNE_KEY)(_fp8_gemm_kernel)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
