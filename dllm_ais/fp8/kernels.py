@@ -139,6 +139,10 @@ def _fp8_gemm_kernel(
     tensor cores (wgmma) accumulate a single dot with reduced precision (~14 mantissa bits kept); promoting every
     128-wide partial product to fp32 before summing bounds that error to one block — the remedy DeepGEMM uses too.
     Never fold the scales into a longer dot or pass `acc` into tl.dot to "save" the multiply.
+    The scales of K block kb + 1 are loaded during step kb (a register prefetch: the pipeliner turns only the operand
+    loads into cp.async), so their global-load latency is covered by a whole K step. Tried and not kept (AOT PTX,
+    triton 3.9): promoting block kb − 1's result while block kb's wgmma runs (ping-pong) — the compiler still waits
+    for wgmma group 0 right after issuing the dot, before the promotion, and 64×128 / 4 warps then spills 8 B.
 
     Schedule: programs walk the tiles tile = pid, pid + P, pid + 2P, … (P = the grid size). The autotuned launch uses
     P = #tiles (one tile each); a pinned launch may pass num_programs < #tiles (persistent: each program loops). The
@@ -173,6 +177,8 @@ def _fp8_gemm_kernel(
             ws_ptrs = ws_ptr + (cols // BLOCK_K) * stride_wsn
 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a_next = tl.load(as_ptrs)  # [BM] scales of K block 0; the loop loads block kb + 1's while block kb multiplies
+        w_next = tl.load(ws_ptrs)  # [] or [BN]
         for kb in range(0, G):
             k0 = kb * BLOCK_K
             if USE_TMA:
@@ -188,8 +194,11 @@ def _fp8_gemm_kernel(
                     k_ok = offs_k < K - k0
                     a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
                     w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-            a_scale = tl.load(as_ptrs + kb * stride_asg)  # [BM]
-            w_scale = tl.load(ws_ptrs + kb * stride_wsg)  # [] or [BN]
+            a_scale = a_next  # [BM]
+            w_scale = w_next  # [] or [BN]
+            kn = (kb + 1) % G  # prefetch one K step ahead (the last step re-reads block 0: in range, unused)
+            a_next = tl.load(as_ptrs + kn * stride_asg)
+            w_next = tl.load(ws_ptrs + kn * stride_wsg)
             if BLOCK_N <= BLOCK_K:
                 acc += tl.dot(a, w, out_dtype=tl.float32) * (a_scale * w_scale)[:, None]
             else:
