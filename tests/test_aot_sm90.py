@@ -55,13 +55,14 @@ def test_producers_compile_without_spilling_with_16_byte_vectors(table):
         assert r.vec in ("v4", "v8"), f"{r.kernel}: widest global access is {r.vec}, not 16 bytes"
 
 
-def test_prune_keeps_tiles_no_taller_than_the_m_bucket():
+def test_prune_keeps_tiles_no_taller_than_the_m_bucket_and_wgmma_tiles_for_large_m():
     triton = pytest.importorskip("triton")
     from dllm_ais.fp8 import kernels
 
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": g}, num_warps=w, num_stages=s)
                for bm, bn, g, w, s in kernels._GPU_GEMM_SHAPES]  # fmt: skip
-    for bucket, tallest in ((1, 16), (16, 16), (64, 64), (128, 128), (16384, 128)):
+    for bucket, lowest, tallest in ((1, 16, 16), (16, 16, 16), (64, 16, 64), (128, 16, 128), (16384, 64, 128)):
         kept = kernels.prune_gemm_configs(configs, {"M_BUCKET": bucket})
-        assert kept and max(c.kwargs["BLOCK_M"] for c in kept) == tallest
-        assert all(c.kwargs["BLOCK_M"] <= max(16, bucket) for c in kept)
+        heights = [c.kwargs["BLOCK_M"] for c in kept]
+        assert (min(heights), max(heights)) == (lowest, tallest), bucket
+    assert len(kernels.prune_gemm_configs(configs, {"M_BUCKET": 16384})) == 7  # 64×…, 128×… tiles only

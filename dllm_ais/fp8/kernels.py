@@ -227,7 +227,7 @@ def _tma_block_shapes(nargs: dict) -> None:
 # GEMM (128-wide tiles with 8 warps). Measured: 128×128 fits only with 8 warps (4 warps: 255 regs, 376 B spill);
 # 64×256 only with 8 warps; 128×256 and 256×128 spill at 8 warps (352–376 B: the dot result and the accumulator are
 # both live, 2 × 128 fp32 per thread) and are left out; 32×128 spills 8 B below 5 stages.
-# early_config_prune keeps, per M bucket, the configs with BLOCK_M ≤ the bucket (no wasted MMA rows).
+# prune_gemm_configs keeps, per M bucket, BLOCK_M ≤ the bucket (no wasted MMA rows) and, from 256 on, BLOCK_M ≥ 64.
 _GPU_GEMM_SHAPES = [
     (16, 64, 8, 4, 4),  # decode-sized M
     (16, 128, 8, 4, 5),
@@ -256,10 +256,11 @@ def _gpu_configs(tma: bool) -> list:
 
 
 def prune_gemm_configs(configs: list, named_args: dict, **kwargs) -> list:
-    """Autotune early prune: drop tiles taller than the M bucket (next power of two of M, at least 16), which would
-    spend MMA work on padding rows. Keeps at least the smallest-BLOCK_M configs."""
+    """Autotune early prune per M bucket (M_BUCKET = next power of two of M): drop tiles taller than the bucket (at
+    least 16), which would spend MMA work on padding rows; from a bucket of 256 on, also drop the tiles under 64 rows
+    (they compile to mma.sync, not wgmma, and only suit decode-sized M). Never returns an empty list."""
     bucket = max(16, named_args["M_BUCKET"])
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= bucket]
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= bucket and (bucket < 256 or c.kwargs["BLOCK_M"] >= 64)]
     return kept or [c for c in configs if c.kwargs["BLOCK_M"] == min(x.kwargs["BLOCK_M"] for x in configs)]
 
 
