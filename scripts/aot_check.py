@@ -1,5 +1,5 @@
 """Compile every FP8 Triton kernel and GEMM autotune config ahead of time for sm_90 (no GPU needed) and print
-registers / spill / shared memory (from the cubin) and pipelining / wgmma / vector width (from the PTX).
+registers / spill / shared memory (from the cubin) and pipelining / TMA / wgmma / vector width (from the PTX).
 
     python scripts/aot_check.py [--json]
 

@@ -8,8 +8,10 @@ Each kernel (and each GEMM autotune config) is compiled with `triton.compile(AST
                 `cuobjdump --dump-resource-usage` from the cubin;
   smem          shared memory per CTA in bytes (the compiler's dynamic allocation, `metadata.shared`, plus any static);
   pipelined     the PTX loads operands asynchronously (cp.async or TMA `cp.async.bulk.tensor`);
+  tma           the PTX uses TMA (`cp.async.bulk.tensor`): the descriptor variant of the GEMM, fp8_gemm's sm_90 default;
   wgmma         the PTX issues Hopper's `wgmma.mma_async`;
-  vec           widest global vector access in the PTX (`ld.global…v4.b32` = 16 bytes per thread → "v4").
+  vec           widest global vector access in the PTX (`ld.global…v4.b32` = 16 bytes per thread → "v4");
+  wait0         the PTX waits for wgmma group 0 (every MMA retired) before the fp32 scale promotion.
 
 Not imported by `import dllm_ais` (it imports triton and compiles). Compiling needs the kernels as `JITFunction`s, so
 run it in a process without TRITON_INTERPRET=1 (`compile_table` does that itself with a subprocess when the current
@@ -47,6 +49,7 @@ class Row:
     spill: int  # stack (local-memory spill) bytes per thread
     smem: int  # shared memory bytes per CTA
     pipelined: bool  # cp.async or TMA in the PTX
+    tma: bool  # TMA bulk tensor loads (cp.async.bulk.tensor) in the PTX
     wgmma: bool  # wgmma.mma_async in the PTX
     vec: str  # widest global vector load / store ("v4", "v2" or "-")
     wait0_before_promote: bool  # PTX waits for wgmma group 0 inside the K loop (no MMA overlaps the promotion)
@@ -150,15 +153,17 @@ def _row(kernel: str, config: str, compiled) -> Row:
         spill=stack,
         smem=int(compiled.metadata.shared) + static_smem,
         pipelined="cp.async" in ptx,  # cp.async.cg/ca (Ampere-style) or cp.async.bulk.tensor (TMA)
+        tma="cp.async.bulk.tensor" in ptx,
         wgmma="wgmma.mma_async" in ptx,
         vec=_vec(ptx),
         wait0_before_promote="0" in loop_waits,
     )
 
 
-def gemm_rows(shapes=None) -> list[Row]:
+def gemm_rows(shapes=None, tma: bool = False) -> list[Row]:
     """Compile the GEMM for every (BLOCK_M, BLOCK_N, GROUP_M, warps, stages) in `shapes` (default: the autotune set,
-    kernels._GPU_GEMM_SHAPES), pointer operands, K % 128 == 0, bf16 out, at the down-projection's N=4096, K=12288."""
+    kernels._GPU_GEMM_SHAPES), K % 128 == 0, bf16 out, at the down-projection's N=4096, K=12288; operands through
+    pointers, or (tma) through TMA tensor descriptors, fp8_gemm's default on sm_90."""
     from . import kernels
 
     fn = kernels._fp8_gemm_kernel
@@ -169,10 +174,12 @@ def gemm_rows(shapes=None) -> list[Row]:
                 M_BUCKET=16384)  # fmt: skip
     rows = []
     for bm, bn, gm, w, s in shapes if shapes is not None else kernels._GPU_GEMM_SHAPES:
-        const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=gm, EVEN_K=True, USE_TMA=False, OUT_BF16=True,
+        const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=gm, EVEN_K=True, USE_TMA=tma, OUT_BF16=True,
                      RNE_BF16=False)  # fmt: skip
+        if tma:  # the JIT's type string of a host TensorDescriptor with this config's block shape
+            args |= dict(a_src=f"tensordesc<fp8e4nv[{bm}, 128]>", w_src=f"tensordesc<fp8e4nv[{bn}, 128]>")
         compiled = _compile(fn, args, const, w, s)
-        rows.append(_row("fp8_gemm", f"{bm}x{bn} g{gm} w{w} s{s}", compiled))
+        rows.append(_row("fp8_gemm_tma" if tma else "fp8_gemm", f"{bm}x{bn} g{gm} w{w} s{s}", compiled))
     return rows
 
 
@@ -189,7 +196,7 @@ def producer_rows() -> list[Row]:
 
 
 def _table_in_process() -> list[Row]:
-    return gemm_rows() + producer_rows()
+    return gemm_rows() + gemm_rows(tma=True) + producer_rows()
 
 
 @functools.cache
@@ -207,9 +214,10 @@ def compile_table() -> tuple[Row, ...]:
 
 
 def format_table(rows) -> str:
-    head = ("kernel", "config", "regs", "spill", "smem", "pipelined", "wgmma", "vec", "wait0")
-    body = [(r.kernel, r.config, str(r.regs), str(r.spill), f"{r.smem / 1024:.1f}K", "yes" if r.pipelined else "no",
-             "yes" if r.wgmma else "no", r.vec, "yes" if r.wait0_before_promote else "no") for r in rows]  # fmt: skip
+    yes = {True: "yes", False: "no"}
+    head = ("kernel", "config", "regs", "spill", "smem", "pipelined", "tma", "wgmma", "vec", "wait0")
+    body = [(r.kernel, r.config, str(r.regs), str(r.spill), f"{r.smem / 1024:.1f}K", yes[r.pipelined], yes[r.tma],
+             yes[r.wgmma], r.vec, yes[r.wait0_before_promote]) for r in rows]  # fmt: skip
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in [head, *body])
 
