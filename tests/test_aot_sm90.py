@@ -66,4 +66,4 @@ def test_prune_keeps_tiles_no_taller_than_the_m_bucket_and_wgmma_tiles_for_large
         kept = kernels.prune_gemm_configs(configs, {"M_BUCKET": bucket})
         heights = [c.kwargs["BLOCK_M"] for c in kept]
         assert (min(heights), max(heights)) == (lowest, tallest), bucket
-    assert len(kernels.prune_gemm_configs(configs, {"M_BUCKET": 16384})) == 7  # 64×…, 128×… tiles only
+    assert len(kernels.prune_gemm_configs(configs, {"M_BUCKET": 16384})) == 7  # the 64×… and 128×… tiles only

@@ -226,13 +226,13 @@ def _tma_block_shapes(nargs: dict) -> None:
 # block-FP8 configs (16×64…128, 4 warps, 4–5 stages for small M; 64×128, 4 warps, 3–4 stages), FBGEMM's triton fp8
 # GEMM (128-wide tiles with 8 warps). Measured: 128×128 fits only with 8 warps (4 warps: 255 regs, 376 B spill);
 # 64×256 only with 8 warps; 128×256 and 256×128 spill at 8 warps (352–376 B: the dot result and the accumulator are
-# both live, 2 × 128 fp32 per thread) and are left out; 32×128 spills 8 B below 5 stages.
+# both live, 2 × 128 fp32 per thread) and are left out; 32×128 spills (8 B at 3–4 stages on triton 3.9, 16 B with TMA
+# at 5 stages on triton 3.6) and is left out.
 # prune_gemm_configs keeps, per M bucket, BLOCK_M ≤ the bucket (no wasted MMA rows) and, from 256 on, BLOCK_M ≥ 64.
 _GPU_GEMM_SHAPES = [
     (16, 64, 8, 4, 4),  # decode-sized M
     (16, 128, 8, 4, 5),
     (32, 64, 8, 4, 4),
-    (32, 128, 8, 4, 5),
     (64, 128, 16, 4, 3),
     (64, 128, 16, 4, 4),
     (64, 128, 32, 4, 5),
