@@ -19,6 +19,16 @@ reduction, no transcendental; on a GPU the compiler may contract a·b − c·d i
 bit); rmsnorm_quant and silu_mul_quant sum / exponentiate in a different order or library than torch, so a value can
 land one bf16 ulp away and its code one e4m3 step away (|code bits difference| ≤ 1, scales within one bf16 ulp).
 
+Launch geometry (bandwidth-bound kernels; register / vector facts from the AOT check, dllm_ais/fp8/aot.py, sm_90):
+  rmsnorm_quant   one row per program, one pass: the row is loaded once as a [next_pow2(G), 128] tile (d = 4096:
+                  32 × 128, 4 warps, 32 elements = four 16-byte loads per thread), reduced, normalised and quantised
+                  group by group from registers (was: 4 rows per program, two passes over x).
+  silu_mul_quant  program (row, j) handles 16 groups (2048 elements, 16 per thread at 4 warps): at M = 10240, h =
+  attn_out_quant  12288 that is 61,440 programs (was 245,760 of 4 × 128 with 8-byte loads); at M = 64, 384 programs,
+                  enough for 132 SMs. attn_out_quant has the same shape over the H·D output columns.
+  rope            [16 positions × D/2] per (batch, head) program, as before (already 16-byte vectors).
+The PTX of all four uses ld.global.v4.b32 / st.global.v4.b32 (16 bytes per thread); none spills.
+
 Activation scales are allocated by `empty_act_scales`, in the layout `kernels.quantize_act` returns ([M, G], K-major);
 the kernels write through explicit (row, group) strides, so that helper is the one place a layout change goes.
 """
