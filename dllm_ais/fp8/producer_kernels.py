@@ -24,8 +24,11 @@ Launch geometry (bandwidth-bound kernels; register / vector facts from the AOT c
                   32 × 128, 4 warps, 32 elements = four 16-byte loads per thread), reduced, normalised and quantised
                   group by group from registers (was: 4 rows per program, two passes over x).
   silu_mul_quant  program (row, j) handles 16 groups (2048 elements, 16 per thread at 4 warps): at M = 10240, h =
-  attn_out_quant  12288 that is 61,440 programs (was 245,760 of 4 × 128 with 8-byte loads); at M = 64, 384 programs,
-                  enough for 132 SMs. attn_out_quant has the same shape over the H·D output columns.
+                  12288 that is 61,440 programs (was 245,760 of 4 × 128 with 8-byte loads); at M = 64, 384 programs,
+                  enough for 132 SMs.
+  attn_out_quant  the same over the H·D output columns with 8 groups per program (8 elements = 16 bytes per thread):
+                  40,960 programs at M = 10240 (was 81,920), 256 at M = 64.
+  rmsnorm_quant at M = 64 launches 64 programs (a row's norm needs the whole row; 512 KB of input in all).
   rope            [16 positions × D/2] per (batch, head) program, as before (already 16-byte vectors).
 The PTX of all four uses ld.global.v4.b32 / st.global.v4.b32 (16 bytes per thread); none spills.
 
@@ -43,15 +46,16 @@ from torch.library import triton_op, wrap_triton
 from .kernels import INTERPRET, _round_to_bf16, _round_to_e4m3, _scale_from_amax
 from .quant import BLOCK, FP8_DTYPE, num_blocks
 
-_GROUPS = 16  # 1×128 groups per program of silu_mul_quant / attn_out_quant: 2048 elements, 16 per thread at 4 warps
+_GROUPS = 16  # 1×128 groups per silu_mul_quant program: 2048 elements, 16 per thread at 4 warps
+_ATT_GROUPS = 8  # per attn_out_quant program (d = 4096 has 32 groups: 4 programs per row, 256 programs at M = 64)
 
 
 _ROPE_T = 32 if INTERPRET else 16  # positions per rope program (the interpreter's cost is per program)
 
 
-def _groups(G: int) -> int:
-    """Groups per program for a row of G groups: at most _GROUPS, a power of two (tl.arange)."""
-    return min(_GROUPS, triton.next_power_of_2(G))
+def _groups(G: int, most: int = _GROUPS) -> int:
+    """Groups per program for a row of G groups: at most `most`, a power of two (tl.arange)."""
+    return min(most, triton.next_power_of_2(G))
 
 
 def empty_act_scales(M: int, G: int, device: torch.device) -> torch.Tensor:
@@ -191,7 +195,7 @@ def aot_launches(M: int, d: int, h: int, n_heads: int, head_dim: int, seq: int) 
          dict(a_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", T=seq, HD=d, D=head_dim, G=g_d,
               stride_ab=n_heads * seq * head_dim, stride_ah=seq * head_dim, stride_at=head_dim, stride_ad=1,
               stride_qm=d, stride_sm=1, stride_sg=M),
-         dict(GROUPS=_groups(g_d), BLOCK_K=BLOCK), 4),
+         dict(GROUPS=_groups(g_d, _ATT_GROUPS), BLOCK_K=BLOCK), 4),
         ("rope", _rope_kernel,
          dict(x_ptr="*bf16", c_ptr="*fp32", s_ptr="*fp32", o_ptr="*bf16", T=seq, NH=n_heads, HALF=head_dim // 2,
               stride_xb=seq * 3 * d, stride_xt=3 * d, stride_xh=head_dim, stride_xd=1),
@@ -272,7 +276,7 @@ def attn_out_quant(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((M, HD), dtype=FP8_DTYPE, device=att.device)
     s = empty_act_scales(M, G, att.device)
     if M and HD:
-        gb = _groups(G)
+        gb = _groups(G, _ATT_GROUPS)
         wrap_triton(_attn_out_quant_kernel)[(M, triton.cdiv(G, gb))](
             att, q, s, T, HD, D, G, *att.stride(), q.stride(0), s.stride(0), s.stride(1),
             GROUPS=gb, BLOCK_K=BLOCK, num_warps=4,
