@@ -6,7 +6,8 @@ rmsnorm_quant and silu_mul_quant reduce / exponentiate in another order or libra
 one model-dtype ulp away and its e4m3 code one grid step away (codes at most one step apart on the signed e4m3
 grid) and scales within one bf16 ulp (2**-7 relative, for both model dtypes). Measured under the interpreter (torch
 2.13, triton 3.9): every code equal; scales equal in bf16, one fp32 ulp apart for some fp32 RMSNorm rows.
-Shapes: ragged tails (d = 200, 1000), one row, zero groups, saturating magnitudes, bf16 and fp32.
+Shapes: ragged tails (d = 200, 1000, 2100), one row, 64 and 129 rows, rows of more than 16 groups (several programs
+per row), zero groups, saturating magnitudes, bf16 and fp32.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ pk = pytest.importorskip("dllm_ais.fp8.producer_kernels", reason="triton is not 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.bfloat16, torch.float32]
-SHAPES = [(1, 16), (7, 128), (9, 200), (33, 384), (5, 1000)]
+# (3, 2100): 17 groups, more than one silu program per row (16 groups each) and a padded rmsnorm row tile;
+# (64, 256) and (129, 130): the M = 64 / M > 128 row counts, one program per row.
+SHAPES = [(1, 16), (3, 2100), (7, 128), (9, 200), (33, 384), (5, 1000), (64, 256), (129, 130)]
 
 
 def _bits(q: torch.Tensor) -> torch.Tensor:
@@ -79,7 +82,7 @@ def test_silu_mul_quant_kernel_on_strided_slices(shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("bhtd", [(2, 4, 5, 32), (1, 3, 7, 48), (2, 1, 3, 128), (3, 2, 9, 128)])
+@pytest.mark.parametrize("bhtd", [(2, 4, 5, 32), (1, 3, 7, 48), (2, 1, 3, 128), (3, 2, 9, 128), (1, 18, 3, 128)])
 def test_attn_out_quant_kernel_bit_identical(bhtd, dtype):
     B, H, T, D = bhtd
     g = torch.Generator().manual_seed(4)

@@ -15,8 +15,9 @@ Written for triton 3.6–3.9 and around the interpreter's bugs (DESIGN.md §7):
   * divisions use tl.math.div_rn (div.rn.f32): a plain fp32 `/` compiles to div.full.f32 (≤ 2 ulp) on NVIDIA
     (triton-lang/triton#10661), and bit-identity with torch's IEEE division needs correct rounding.
 GPU-only paths (selected by host flags / constexprs; the interpreter runs the same kernel with one pinned config):
-an autotune set with 128×256 / 256×128 tiles, 3–4 stages and a persistent schedule (grid = #SMs, each program loops
-over tiles), TMA tensor-descriptor operand loads on sm_90 (triton.tools.tensor_descriptor; the triton 3.9 interpreter
+an autotune set of the configs that compile for sm_90 without spilling (pruned per M bucket; dllm_ais/fp8/aot.py
+checks them ahead of time), a persistent schedule for pinned launches (num_programs < #tiles: each program loops over
+tiles), TMA tensor-descriptor operand loads on sm_90 (triton.tools.tensor_descriptor; the triton 3.9 interpreter
 emulates them, so tests cover that branch too), an unmasked K loop when K % 128 == 0, and a direct bf16 store.
 Activation scales are produced K-major ([M, G] with stride (1, M)), the layout torch._scaled_mm's blockwise mode needs.
 GPU caveat (not measurable here): if the compiled kernels flush fp32 denormals, inputs below 2**-126 in magnitude can
@@ -130,7 +131,6 @@ def _fp8_gemm_kernel(
     stride_am, stride_wn, stride_asm, stride_asg, stride_wsn, stride_wsg, stride_cm,
     M_BUCKET,  # autotune key only
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PERSISTENT: tl.constexpr,  # host-side only: the grid is min(#SMs, #tiles) instead of #tiles
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, OUT_BF16: tl.constexpr, RNE_BF16: tl.constexpr,
 ):  # fmt: skip
     """c = sum_kb (a_kb @ w_kb^T) * as[:, kb] ⊗ ws[n // 128, kb], one 128-wide K block (BLOCK_K == 128) per step.
@@ -139,15 +139,21 @@ def _fp8_gemm_kernel(
     tensor cores (wgmma) accumulate a single dot with reduced precision (~14 mantissa bits kept); promoting every
     128-wide partial product to fp32 before summing bounds that error to one block — the remedy DeepGEMM uses too.
     Never fold the scales into a longer dot or pass `acc` into tl.dot to "save" the multiply.
+    The scales of K block kb + 1 are loaded during step kb (a register prefetch: the pipeliner turns only the operand
+    loads into cp.async), so their global-load latency is covered by a whole K step. Tried and not kept (AOT PTX,
+    triton 3.9): promoting block kb − 1's result while block kb's wgmma runs (ping-pong) — the compiler still waits
+    for wgmma group 0 right after issuing the dot, before the promotion, and 64×128 / 4 warps then spills 8 B.
 
-    Schedule: programs walk the tiles tile = pid, pid + P, pid + 2P, … (P = the grid size). With P = #tiles every
-    program does one tile (the classic launch); with P = #SMs (PERSISTENT) each program loops, which saves launch and
-    tail cost on Hopper. Tiles are ordered in GROUP_M-row groups so the column tiles a group shares stay in L2.
+    Schedule: programs walk the tiles tile = pid, pid + P, pid + 2P, … (P = the grid size). The autotuned launch uses
+    P = #tiles (one tile each); a pinned launch may pass num_programs < #tiles (persistent: each program loops). The
+    autotune set has no persistent duplicates (the body is the same code either way).
+    Tiles are ordered in GROUP_M-row groups so the column tiles a group shares stay in L2.
 
     Operands: a_src / w_src are pointers, or (USE_TMA, GPU only) host-made tensor descriptors whose out-of-bounds
     rows / columns read as zero. Scales are read through their strides, so as may be [M, G] contiguous or K-major
-    (stride (1, M): one K step reads BLOCK_M contiguous floats); weight scales are a per-column vector
-    ws[offs_n // 128, kb], so BLOCK_N may be any power of two (128×256 tiles included).
+    (stride (1, M): one K step reads BLOCK_M contiguous floats); weight scales are one scalar per K step when
+    BLOCK_N ≤ 128 (the tile lies in one weight block; a [BN] vector of the same value cost the 128×128 tiles their
+    registers) and a per-column vector ws[offs_n // 128, kb] for wider tiles, so BLOCK_N may be any power of two.
     """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -165,9 +171,14 @@ def _fp8_gemm_kernel(
         rows = (offs_m % M).to(tl.int64)  # [BM] wrapped into range: loads need no M / N masks (stores are masked)
         cols = (offs_n % N).to(tl.int64)  # [BN]
         as_ptrs = as_ptr + rows * stride_asm  # [BM]
-        ws_ptrs = ws_ptr + (cols // BLOCK_K) * stride_wsn  # [BN] weight-block row of each column (BLOCK_K == 128)
+        if BLOCK_N <= BLOCK_K:  # the tile lies in one 128-row weight block: one scalar scale per K step
+            ws_ptrs = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn
+        else:  # [BN] weight-block row of each column (BLOCK_K == 128)
+            ws_ptrs = ws_ptr + (cols // BLOCK_K) * stride_wsn
 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a_next = tl.load(as_ptrs)  # [BM] scales of K block 0; the loop loads block kb + 1's while block kb multiplies
+        w_next = tl.load(ws_ptrs)  # [] or [BN]
         for kb in range(0, G):
             k0 = kb * BLOCK_K
             if USE_TMA:
@@ -183,9 +194,15 @@ def _fp8_gemm_kernel(
                     k_ok = offs_k < K - k0
                     a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
                     w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-            a_scale = tl.load(as_ptrs + kb * stride_asg)  # [BM]
-            w_scale = tl.load(ws_ptrs + kb * stride_wsg)  # [BN]
-            acc += tl.dot(a, w, out_dtype=tl.float32) * (a_scale[:, None] * w_scale[None, :])
+            a_scale = a_next  # [BM]
+            w_scale = w_next  # [] or [BN]
+            kn = (kb + 1) % G  # prefetch one K step ahead (the last step re-reads block 0: in range, unused)
+            a_next = tl.load(as_ptrs + kn * stride_asg)
+            w_next = tl.load(ws_ptrs + kn * stride_wsg)
+            if BLOCK_N <= BLOCK_K:
+                acc += tl.dot(a, w, out_dtype=tl.float32) * (a_scale * w_scale)[:, None]
+            else:
+                acc += tl.dot(a, w, out_dtype=tl.float32) * (a_scale[:, None] * w_scale[None, :])
 
         c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
         c_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -204,48 +221,60 @@ def _tma_block_shapes(nargs: dict) -> None:
     nargs["w_src"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
 
-# (BLOCK_M, BLOCK_N, GROUP_M, num_warps, num_stages, PERSISTENT). Sources: vLLM's tuned H100 block-FP8 configs
-# (N=12288, K=7168: 16×32…128 tiles, 4 warps, 4–5 stages for M ≤ 24; 64×128, 4 warps, 3–4 stages, GROUP_M 16–64 from
-# M = 32 up), FBGEMM's triton fp8_gemm (128×256 / 256×128 tiles with 8 warps, 3 stages) and the triton
-# persistent-matmul tutorial (128×256, 8 warps, 3–4 stages, grid = #SMs). A 128×256 fp8 K step needs (128 + 256) ·
-# 128 B = 48 KiB of shared memory, so 3 stages fit Hopper's 228 KiB; configs that do not fit are discarded by the
-# autotuner. Register pressure: the scaled promotion keeps the dot result and the accumulator live at once (2 ×
-# BLOCK_M·BLOCK_N fp32 across the warps), which is why vLLM prefers 64×128 with 4 warps; the wide tiles stay in the
-# set for the autotuner to judge.
+# (BLOCK_M, BLOCK_N, GROUP_M, num_warps, num_stages): the configs that compile for sm_90 without spilling (AOT check,
+# dllm_ais/fp8/aot.py, asserted by tests/test_aot_sm90.py; triton 3.9, LLaDA-8B shapes). Sources: vLLM's tuned H100
+# block-FP8 configs (16×64…128, 4 warps, 4–5 stages for small M; 64×128, 4 warps, 3–4 stages), FBGEMM's triton fp8
+# GEMM (128-wide tiles with 8 warps). Measured: 128×128 fits only with 8 warps (4 warps: 255 regs, 376 B spill);
+# 64×256 only with 8 warps; 128×256 and 256×128 spill at 8 warps (352–376 B: the dot result and the accumulator are
+# both live, 2 × 128 fp32 per thread) and are left out; 32×128 spills (8 B at 3–4 stages on triton 3.9, 16 B with TMA
+# at 5 stages on triton 3.6) and is left out.
+# prune_gemm_configs keeps, per M bucket, BLOCK_M ≤ the bucket (no wasted MMA rows) and, from 256 on, BLOCK_M ≥ 64.
 _GPU_GEMM_SHAPES = [
-    (16, 64, 64, 4, 4, False),  # decode-sized M
-    (16, 128, 16, 4, 5, False),
-    (32, 128, 8, 4, 4, False),
-    (64, 128, 16, 4, 4, False),
-    (64, 128, 32, 4, 3, False),
-    (64, 128, 64, 4, 4, False),
-    (64, 256, 8, 4, 3, False),
-    (128, 128, 8, 4, 4, False),
-    (128, 128, 8, 8, 4, False),
-    (128, 256, 8, 8, 3, False),
-    (256, 128, 8, 8, 3, False),
-    (64, 128, 16, 4, 4, True),
-    (128, 128, 8, 8, 4, True),
-    (128, 256, 8, 8, 3, True),
+    (16, 64, 8, 4, 4),  # decode-sized M
+    (16, 128, 8, 4, 5),
+    (32, 64, 8, 4, 4),
+    (64, 128, 16, 4, 3),
+    (64, 128, 16, 4, 4),
+    (64, 128, 32, 4, 5),
+    (64, 256, 8, 8, 3),
+    (128, 64, 8, 4, 4),
+    (128, 128, 8, 8, 3),
+    (128, 128, 8, 8, 4),
 ]
 
 
 def _gpu_configs(tma: bool) -> list:
     return [
         triton.Config(
-            {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": gm, "PERSISTENT": p},
+            {"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": gm},
             num_warps=w,
             num_stages=s,
             pre_hook=_tma_block_shapes if tma else None,
         )  # fmt: skip
-        for bm, bn, gm, w, s, p in _GPU_GEMM_SHAPES
+        for bm, bn, gm, w, s in _GPU_GEMM_SHAPES
     ]
+
+
+def prune_gemm_configs(configs: list, named_args: dict, **kwargs) -> list:
+    """Autotune early prune per M bucket (M_BUCKET = next power of two of M): drop tiles taller than the bucket (at
+    least 16), which would spend MMA work on padding rows; from a bucket of 256 on, also drop the tiles under 64 rows
+    (they compile to mma.sync, not wgmma, and only suit decode-sized M). Never returns an empty list."""
+    bucket = max(16, named_args["M_BUCKET"])
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= bucket and (bucket < 256 or c.kwargs["BLOCK_M"] >= 64)]
+    return kept or [c for c in configs if c.kwargs["BLOCK_M"] == min(x.kwargs["BLOCK_M"] for x in configs)]
 
 
 # Autotune only when compiled: the interpreter fails with more than one config (DESIGN.md §7).
 _AUTOTUNE_KEY = ["N", "K", "M_BUCKET"]
-_fp8_gemm_tuned = None if INTERPRET else triton.autotune(_gpu_configs(False), key=_AUTOTUNE_KEY)(_fp8_gemm_kernel)
-_fp8_gemm_tuned_tma = None if INTERPRET else triton.autotune(_gpu_configs(True), key=_AUTOTUNE_KEY)(_fp8_gemm_kernel)
+_PRUNE = {"early_config_prune": prune_gemm_configs}
+
+
+def _tuned(tma: bool):
+    return triton.autotune(_gpu_configs(tma), key=_AUTOTUNE_KEY, prune_configs_by=_PRUNE)(_fp8_gemm_kernel)
+
+
+_fp8_gemm_tuned = None if INTERPRET else _tuned(False)
+_fp8_gemm_tuned_tma = None if INTERPRET else _tuned(True)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -356,11 +385,6 @@ def quantize_weight(
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
 def tma_unavailable(device: torch.device) -> str | None:
     """Why the TMA (tensor-descriptor) GEMM path cannot run on `device`, or None. Needs triton's host-side
     TensorDescriptor (triton.tools.tensor_descriptor, triton >= 3.4) and, compiled, a GPU with compute capability
@@ -458,14 +482,11 @@ def fp8_gemm(
         tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
         grid = (min(tiles, num_programs or tiles),)
         warps = 8 if bm * bn >= 128 * 256 and not INTERPRET else 4
-        _fp8_gemm_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, PERSISTENT=grid[0] < tiles,
-                               num_warps=warps, **flags)  # fmt: skip
+        _fp8_gemm_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, num_warps=warps, **flags)  # fmt: skip
     else:
-        sms = _num_sms(xq.device)
 
         def grid(meta):
-            tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
-            return (min(tiles, sms) if meta["PERSISTENT"] else tiles,)
+            return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
         (_fp8_gemm_tuned_tma if use_tma else _fp8_gemm_tuned)[grid](*args, **flags)
     return y

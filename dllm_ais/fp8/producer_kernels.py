@@ -19,6 +19,19 @@ reduction, no transcendental; on a GPU the compiler may contract a·b − c·d i
 bit); rmsnorm_quant and silu_mul_quant sum / exponentiate in a different order or library than torch, so a value can
 land one bf16 ulp away and its code one e4m3 step away (|code bits difference| ≤ 1, scales within one bf16 ulp).
 
+Launch geometry (bandwidth-bound kernels; register / vector facts from the AOT check, dllm_ais/fp8/aot.py, sm_90):
+  rmsnorm_quant   one row per program, one pass: the row is loaded once as a [next_pow2(G), 128] tile (d = 4096:
+                  32 × 128, 4 warps, 32 elements = four 16-byte loads per thread), reduced, normalised and quantised
+                  group by group from registers (was: 4 rows per program, two passes over x).
+  silu_mul_quant  program (row, j) handles 16 groups (2048 elements, 16 per thread at 4 warps): at M = 10240, h =
+                  12288 that is 61,440 programs (was 245,760 of 4 × 128 with 8-byte loads); at M = 64, 384 programs,
+                  enough for 132 SMs.
+  attn_out_quant  the same over the H·D output columns with 8 groups per program (8 elements = 16 bytes per thread):
+                  40,960 programs at M = 10240 (was 81,920), 256 at M = 64.
+  rmsnorm_quant at M = 64 launches 64 programs (a row's norm needs the whole row; 512 KB of input in all).
+  rope            [16 positions × D/2] per (batch, head) program, as before (already 16-byte vectors).
+The PTX of all four uses ld.global.v4.b32 / st.global.v4.b32 (16 bytes per thread); none spills.
+
 Activation scales are allocated by `empty_act_scales`, in the layout `kernels.quantize_act` returns ([M, G], K-major);
 the kernels write through explicit (row, group) strides, so that helper is the one place a layout change goes.
 """
@@ -33,7 +46,16 @@ from torch.library import triton_op, wrap_triton
 from .kernels import INTERPRET, _round_to_bf16, _round_to_e4m3, _scale_from_amax
 from .quant import BLOCK, FP8_DTYPE, num_blocks
 
-_ROWS = 16 if INTERPRET else 4  # rows per program (the interpreter's cost is per program)
+_GROUPS = 16  # 1×128 groups per silu_mul_quant program: 2048 elements, 16 per thread at 4 warps
+_ATT_GROUPS = 8  # per attn_out_quant program (d = 4096 has 32 groups: 4 programs per row, 256 programs at M = 64)
+
+
+_ROPE_T = 32 if INTERPRET else 16  # positions per rope program (the interpreter's cost is per program)
+
+
+def _groups(G: int, most: int = _GROUPS) -> int:
+    """Groups per program for a row of G groups: at most `most`, a power of two (tl.arange)."""
+    return min(most, triton.next_power_of_2(G))
 
 
 def empty_act_scales(M: int, G: int, device: torch.device) -> torch.Tensor:
@@ -52,12 +74,12 @@ def _check_model_dtype(name: str, t: torch.Tensor) -> None:
 
 
 @triton.jit
-def _quant_store(y, rows64, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, g, row_ok):
-    """y [BM, 128] fp32 (one group per row) -> codes at q[rows, cols], scales at s[rows, g]."""
-    scale = _scale_from_amax(tl.max(tl.abs(y), axis=1))  # [BM]
-    q = _round_to_e4m3(tl.math.div_rn(y, scale[:, None]))
-    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q.to(tl.float8e4nv), mask=mask)
-    tl.store(s_ptr + rows64 * stride_sm + g * stride_sg, scale, mask=row_ok)
+def _quant_store_row(y, row64, grp, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, G):
+    """y [GB, 128] fp32 = GB consecutive 1×128 groups of one row -> codes at q[row, cols], scales at s[row, grp]."""
+    scale = _scale_from_amax(tl.max(tl.abs(y), axis=1))  # [GB]
+    q = _round_to_e4m3(tl.math.div_rn(y, scale[:, None]))  # [GB, 128]
+    tl.store(q_ptr + row64 * stride_qm + cols, q.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + row64 * stride_sm + grp.to(tl.int64) * stride_sg, scale, mask=grp < G)
 
 
 @triton.jit
@@ -69,67 +91,59 @@ def _to_model_dtype(y, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _group_tile(GROUPS: tl.constexpr, BLOCK_K: tl.constexpr, g0, D):
+    """Groups g0 … g0 + GROUPS − 1 of a row as a [GROUPS, BLOCK_K] tile: (group index [GB], column [GB, BK], mask)."""
+    grp = g0 + tl.arange(0, GROUPS)  # [GB]
+    cols = grp[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]  # [GB, BK]
+    return grp, cols, cols < D
+
+
+@triton.jit
 def _rmsnorm_quant_kernel(
     x_ptr, w_ptr, q_ptr, s_ptr,  # x [M, D] (row stride stride_xm), w [D], q [M, D], s [M, G] (strides sm, sg)
     M, D, G, stride_xm, stride_qm, stride_sm, stride_sg, eps, d_float,  # d_float: D as a float
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
+    GROUPS: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    rows64 = rows.to(tl.int64)
-    row_ok = rows < M
-    offs = tl.arange(0, BLOCK_K)  # [BK]
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for g in range(0, G):  # pass 1: sum of squares
-        cols = g * BLOCK_K + offs
-        mask = row_ok[:, None] & (cols[None, :] < D)
-        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-    r = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(ss, d_float) + eps))  # [BM] rsqrt(mean + eps)
-    for g in range(0, G):  # pass 2: normalise, round to the model dtype, quantise this group
-        cols = g * BLOCK_K + offs
-        col_ok = cols < D
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        y = _to_model_dtype((x * r[:, None]) * w[None, :], OUT_BF16)
-        _quant_store(y, rows64, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, g, row_ok)
+    """One row per program, one pass: the whole row (GROUPS ≥ G groups of 128) is loaded once into registers."""
+    row64 = tl.program_id(0).to(tl.int64)
+    grp, cols, mask = _group_tile(GROUPS, BLOCK_K, 0, D)
+    x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)  # [GB, BK]
+    ss = tl.sum(tl.sum(x * x, axis=1), axis=0)  # scalar
+    r = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(ss, d_float) + eps))  # rsqrt(mean + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = _to_model_dtype((x * r) * w, OUT_BF16)
+    _quant_store_row(y, row64, grp, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, G)
 
 
 @triton.jit
 def _silu_mul_quant_kernel(
     g_ptr, u_ptr, q_ptr, s_ptr,  # gate, up [M, H] (row strides), q [M, H], s [M, G] (strides sm, sg)
-    M, H, stride_gm, stride_um, stride_qm, stride_sm, stride_sg,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
+    M, H, G, stride_gm, stride_um, stride_qm, stride_sm, stride_sg,
+    GROUPS: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    g = tl.program_id(1)
-    cols = g * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
-    rows64 = rows.to(tl.int64)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < H)
-    gate = tl.load(g_ptr + rows64[:, None] * stride_gm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(u_ptr + rows64[:, None] * stride_um + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    """Program (row, j): groups j·GROUPS … of one row, a [GROUPS, 128] tile (16-byte vector loads per thread)."""
+    row64 = tl.program_id(0).to(tl.int64)
+    grp, cols, mask = _group_tile(GROUPS, BLOCK_K, tl.program_id(1) * GROUPS, H)
+    gate = tl.load(g_ptr + row64 * stride_gm + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(u_ptr + row64 * stride_um + cols, mask=mask, other=0.0).to(tl.float32)
     act = _to_model_dtype(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), OUT_BF16)  # F.silu in the model dtype
     y = _to_model_dtype(act * up, OUT_BF16)
-    _quant_store(y, rows64, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, g, row_ok)
+    _quant_store_row(y, row64, grp, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, G)
 
 
 @triton.jit
 def _attn_out_quant_kernel(
     a_ptr, q_ptr, s_ptr,  # a [B, H, T, D] (any strides), q [B·T, H·D], s [B·T, G] (strides sm, sg)
-    T, HD, D, M, stride_ab, stride_ah, stride_at, stride_ad, stride_qm, stride_sm, stride_sg,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    T, HD, D, G, stride_ab, stride_ah, stride_at, stride_ad, stride_qm, stride_sm, stride_sg,
+    GROUPS: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] = b·T + t
-    g = tl.program_id(1)
-    cols = g * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK] = h·D + d
-    rows64 = rows.to(tl.int64)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < HD)
-    row_off = (rows64 // T) * stride_ab + (rows64 % T) * stride_at  # [BM]
-    col_off = (cols // D).to(tl.int64) * stride_ah + (cols % D).to(tl.int64) * stride_ad  # [BK]
-    y = tl.load(a_ptr + row_off[:, None] + col_off[None, :], mask=mask, other=0.0).to(tl.float32)
-    _quant_store(y, rows64, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, g, row_ok)
+    """Program (row = b·T + t, j): groups j·GROUPS … of output row `row`; column h·D + d reads a[b, h, t, d]."""
+    row64 = tl.program_id(0).to(tl.int64)
+    grp, cols, mask = _group_tile(GROUPS, BLOCK_K, tl.program_id(1) * GROUPS, HD)
+    row_off = (row64 // T) * stride_ab + (row64 % T) * stride_at
+    col_off = (cols // D).to(tl.int64) * stride_ah + (cols % D).to(tl.int64) * stride_ad  # [GB, BK]
+    y = tl.load(a_ptr + row_off + col_off, mask=mask, other=0.0).to(tl.float32)
+    _quant_store_row(y, row64, grp, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, G)
 
 
 @triton.jit
@@ -156,6 +170,37 @@ def _rope_kernel(
     o2 = _to_model_dtype(x2 * c + x1 * s, OUT_BF16)
     tl.store(o_row + j[None, :], o1.to(o_ptr.dtype.element_ty), mask=mask)
     tl.store(o_row + j[None, :] + HALF, o2.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def _rmsnorm_warps(G: int) -> int:
+    """Warps for a one-row rmsnorm program of G groups: ~32 elements (4 × 16-byte bf16 vectors) per thread."""
+    return max(1, min(16, triton.next_power_of_2(G) * BLOCK // (32 * 32)))
+
+
+def aot_launches(M: int, d: int, h: int, n_heads: int, head_dim: int, seq: int) -> list:
+    """(name, kernel, args, constexprs, num_warps) of each producer as launched at a bf16 model of width d, MLP hidden
+    h, n_heads × head_dim attention and M = batch·seq rows, in dllm_ais.fp8.aot's format ("*dtype" pointers, ints
+    with their values): the AOT check compiles exactly what the launchers above launch."""
+    g_d, g_h = num_blocks(d), num_blocks(h)
+    return [
+        ("rmsnorm_quant", _rmsnorm_quant_kernel,
+         dict(x_ptr="*bf16", w_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", M=M, D=d, G=g_d, stride_xm=d,
+              stride_qm=d, stride_sm=1, stride_sg=M, eps=1e-5, d_float=float(d)),
+         dict(GROUPS=triton.next_power_of_2(g_d), BLOCK_K=BLOCK, OUT_BF16=True), _rmsnorm_warps(g_d)),
+        ("silu_mul_quant", _silu_mul_quant_kernel,
+         dict(g_ptr="*bf16", u_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", M=M, H=h, G=g_h, stride_gm=2 * h,
+              stride_um=2 * h, stride_qm=h, stride_sm=1, stride_sg=M),
+         dict(GROUPS=_groups(g_h), BLOCK_K=BLOCK, OUT_BF16=True), 4),
+        ("attn_out_quant", _attn_out_quant_kernel,
+         dict(a_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", T=seq, HD=d, D=head_dim, G=g_d,
+              stride_ab=n_heads * seq * head_dim, stride_ah=seq * head_dim, stride_at=head_dim, stride_ad=1,
+              stride_qm=d, stride_sm=1, stride_sg=M),
+         dict(GROUPS=_groups(g_d, _ATT_GROUPS), BLOCK_K=BLOCK), 4),
+        ("rope", _rope_kernel,
+         dict(x_ptr="*bf16", c_ptr="*fp32", s_ptr="*fp32", o_ptr="*bf16", T=seq, NH=n_heads, HALF=head_dim // 2,
+              stride_xb=seq * 3 * d, stride_xt=3 * d, stride_xh=head_dim, stride_xd=1),
+         dict(BLOCK_T=_ROPE_T, BLOCK_HALF=triton.next_power_of_2(head_dim // 2), OUT_BF16=True), 4),
+    ]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -192,9 +237,10 @@ def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[to
     q = torch.empty((M, D), dtype=FP8_DTYPE, device=x.device)
     s = empty_act_scales(M, G, x.device)
     if M and D:
-        wrap_triton(_rmsnorm_quant_kernel)[(triton.cdiv(M, _ROWS),)](
+        wrap_triton(_rmsnorm_quant_kernel)[(M,)](
             x, weight.contiguous(), q, s, M, D, G, x.stride(0), q.stride(0), s.stride(0), s.stride(1), eps, float(D),
-            BLOCK_M=_ROWS, BLOCK_K=BLOCK, OUT_BF16=x.dtype == torch.bfloat16,
+            GROUPS=triton.next_power_of_2(G), BLOCK_K=BLOCK, OUT_BF16=x.dtype == torch.bfloat16,
+            num_warps=_rmsnorm_warps(G),
         )
     return q, s
 
@@ -211,9 +257,10 @@ def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, 
     q = torch.empty((M, H), dtype=FP8_DTYPE, device=gate.device)
     s = empty_act_scales(M, G, gate.device)
     if M and H:
-        wrap_triton(_silu_mul_quant_kernel)[(triton.cdiv(M, _ROWS), G)](
-            gate, up, q, s, M, H, gate.stride(0), up.stride(0), q.stride(0), s.stride(0), s.stride(1),
-            BLOCK_M=_ROWS, BLOCK_K=BLOCK, OUT_BF16=gate.dtype == torch.bfloat16,
+        gb = _groups(G)
+        wrap_triton(_silu_mul_quant_kernel)[(M, triton.cdiv(G, gb))](
+            gate, up, q, s, M, H, G, gate.stride(0), up.stride(0), q.stride(0), s.stride(0), s.stride(1),
+            GROUPS=gb, BLOCK_K=BLOCK, OUT_BF16=gate.dtype == torch.bfloat16, num_warps=4,
         )
     return q, s
 
@@ -229,9 +276,10 @@ def attn_out_quant(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((M, HD), dtype=FP8_DTYPE, device=att.device)
     s = empty_act_scales(M, G, att.device)
     if M and HD:
-        wrap_triton(_attn_out_quant_kernel)[(triton.cdiv(M, _ROWS), G)](
-            att, q, s, T, HD, D, M, *att.stride(), q.stride(0), s.stride(0), s.stride(1),
-            BLOCK_M=_ROWS, BLOCK_K=BLOCK,
+        gb = _groups(G, _ATT_GROUPS)
+        wrap_triton(_attn_out_quant_kernel)[(M, triton.cdiv(G, gb))](
+            att, q, s, T, HD, D, G, *att.stride(), q.stride(0), s.stride(0), s.stride(1),
+            GROUPS=gb, BLOCK_K=BLOCK, num_warps=4,
         )
     return q, s
 
@@ -246,9 +294,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     torch._check(cos.shape == (B, T, D // 2) and sin.shape == cos.shape, lambda: "cos, sin must be [B, T, D/2]")
     out = torch.empty((B, H, T, D), dtype=x.dtype, device=x.device)
     if out.numel():
-        block_t = 32 if INTERPRET else 16
-        wrap_triton(_rope_kernel)[(B * H, triton.cdiv(T, block_t))](
+        wrap_triton(_rope_kernel)[(B * H, triton.cdiv(T, _ROPE_T))](
             x, cos.contiguous(), sin.contiguous(), out, T, H, D // 2, *x.stride(),
-            BLOCK_T=block_t, BLOCK_HALF=triton.next_power_of_2(D // 2), OUT_BF16=x.dtype == torch.bfloat16,
+            BLOCK_T=_ROPE_T, BLOCK_HALF=triton.next_power_of_2(D // 2), OUT_BF16=x.dtype == torch.bfloat16,
+            num_warps=4,
         )
     return out
