@@ -49,7 +49,8 @@ def test_gemm_uses_wgmma_for_tiles_of_64_rows_or_more(table):
 
 def test_producers_compile_without_spilling_with_16_byte_vectors(table):
     prods = [r for r in table if not r.kernel.startswith("fp8_gemm")]
-    assert {r.kernel for r in prods} == {"rmsnorm_quant", "silu_mul_quant", "attn_out_quant", "rope"}
+    assert {r.kernel for r in prods} == {"rmsnorm_quant", "silu_mul_quant", "attn_out_quant", "rope",
+                                         "rmsnorm_rowquant", "silu_mul_rowquant", "attn_out_rowquant"}
     for r in prods:
         assert r.spill == 0, f"{r.kernel} spills {r.spill} B/thread"
         assert r.smem <= aot.SMEM_LIMIT

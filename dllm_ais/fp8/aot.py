@@ -186,9 +186,12 @@ def gemm_rows(shapes=None, tma: bool = False) -> list[Row]:
 def producer_rows() -> list[Row]:
     """Compile each producer kernel at its launch configuration for LLaDA-8B shapes (M = 10240 rows, bf16 model)."""
     from . import producer_kernels as pk
+    from . import row_producer_kernels as rk
 
     rows = []
-    for name, fn, args, const, warps in pk.aot_launches(M_LARGE, D_MODEL, D_FF, N_HEADS, HEAD_DIM, SEQ):
+    shape = (M_LARGE, D_MODEL, D_FF, N_HEADS, HEAD_DIM, SEQ)
+    launches = [*pk.aot_launches(*shape), *rk.aot_launches(*shape)]  # blockwise, then row-wise (scaled_mm's)
+    for name, fn, args, const, warps in launches:
         compiled = _compile(fn, args, const, warps, 1)
         tiles = " ".join(f"{k}={v}" for k, v in sorted(const.items()) if k.startswith("BLOCK") or k == "GROUPS")
         rows.append(_row(name, f"w{warps} {tiles}", compiled))

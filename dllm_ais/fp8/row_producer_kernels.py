@@ -105,6 +105,26 @@ def _launch(mode: int, q: torch.Tensor, s: torch.Tensor, a: torch.Tensor, b: tor
         )
 
 
+def aot_launches(M: int, d: int, h: int, n_heads: int, head_dim: int, seq: int) -> list:
+    """(name, kernel, args, constexprs, num_warps) of each row producer as launched on a GPU for a bf16 model (the
+    format of producer_kernels.aot_launches): the AOT check compiles exactly what _launch launches."""
+    def args(K: int, stride_am: int, stride_bm: int, strides4=(0, 0, 0, 0)) -> dict:
+        return dict(a_ptr="*bf16", b_ptr="*bf16", w_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", M=M, K=K,
+                    stride_am=stride_am, stride_bm=stride_bm, stride_qm=K, eps=1e-5, k_float=float(K), T=seq,
+                    D=head_dim, stride_ab=strides4[0], stride_ah=strides4[1], stride_at=strides4[2],
+                    stride_ad=strides4[3])  # fmt: skip
+
+    def const(mode: int) -> dict:
+        return dict(BLOCK_M=_ROWS, BLOCK_K=_BLOCK_K, MODE=mode, OUT_BF16=True)
+
+    att = (n_heads * seq * head_dim, seq * head_dim, head_dim, 1)  # [B, H, T, D] contiguous
+    return [
+        ("rmsnorm_rowquant", _row_quant_kernel, args(d, d, 0), const(_RMSNORM), 4),
+        ("silu_mul_rowquant", _row_quant_kernel, args(h, 2 * h, 2 * h), const(_SILU_MUL), 4),
+        ("attn_out_rowquant", _row_quant_kernel, args(d, 0, 0, att), const(_ATTN_OUT), 4),
+    ]
+
+
 def _empty(M: int, K: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty((M, K), dtype=FP8_DTYPE, device=device), torch.empty((M, 1), dtype=torch.float32, device=device)
 
