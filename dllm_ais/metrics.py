@@ -54,6 +54,10 @@ ROLLOUT_REPEAT_FRAC = "rollout/repeat_frac"
 ROLLOUT_ERROR_MASKED = "rollout/error_masked_frac"
 """Fraction of completions dropped from the loss as error completions (0 unless error_mask_threshold is set)."""
 LOSS_DUAL_CLIP = "loss/dual_clip_frac"
+ROLLOUT_LOGP_MU = "rollout/logp_mu"
+"""Mean over the step's completions of Σ_j log μ(y_j | ·) over counted tokens: log μ(y) of the rollout policy (exact
+for autoregressive models; LLaDA: the one-step d1 estimate, all completion tokens masked). It rises towards 0 as the
+policy concentrates (the late-training regime where the AIS paper finds the mismatch destabilising)."""
 
 DIAGNOSTIC_NAMES = {
     "ppl_train": MISMATCH_PPL_TRAIN, "ppl_rollout": MISMATCH_PPL_ROLLOUT, "log_ppl_diff": MISMATCH_LOG_PPL_DIFF,
