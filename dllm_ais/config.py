@@ -283,11 +283,14 @@ PRESETS: dict[str, Preset] = {
         # study-cpu: the testbed of the pre-registered study (study/plan.toml; issue "evidence"): 12-digit shift
         # (completions of 13 counted tokens, so the sequence-level mismatch Var ℓ ≈ 2·L·κ is ~3× the default's), an
         # SFT that teaches the stop token (EOS after the 12th digit), β = 0 and lr 5e-4 so the BF16 policy
-        # concentrates (rollout/logp_mu rises towards 0) within the run; 1,000 held-out items.
+        # concentrates (rollout/logp_mu rises towards 0) within the run; 1,000 held-out items. SFT 40 steps
+        # (measured on 256 held-out items: greedy strict accuracy 1.0, sampled at T = 1 0.24, every completion 12
+        # digits + EOS greedily; 25 steps: 0.0 / 0.0; 80 steps: 1.0 / 0.98, nothing left to learn): what RL adds is
+        # the concentration of a policy that already knows the answer, the regime where mismatch is said to hurt.
         Preset("study-cpu", "Testbed of the corrections study: 12-digit shift, long completions, concentrating policy.",
                ModelConfig(), SamplerConfig(gen_length=13, block_length=13, steps=13, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 12}, steps=150,
-                           prompts_per_step=8, learning_rate=5e-4, sft_steps=60, mismatch_num_draws=2),
+                           prompts_per_step=8, learning_rate=5e-4, sft_steps=40, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
                           max_completion_length=13, num_iterations=2)),
         # tiny-cpu-arith: the earlier tiny-cpu (single-digit arith); benchmarks/study/ was produced on it (the study
