@@ -231,7 +231,8 @@ class Trainer:
                 log_w = token_log_w
             diag = rollout_diagnostics_global(self.acc, logp_old, logp_roll, mask, cc.log_w_clamp)  # global batch
             metrics = {M.DIAGNOSTIC_NAMES[k]: float(v) for k, v in diag.items()}
-            metrics[M.ROLLOUT_LOGP_MU] = float(torch.where(mask, logp_roll, 0).sum(-1).mean())  # concentration
+            recorded = rollout.logp_rollout if rollout.logp_rollout is not None else logp_roll  # [B, L]
+            metrics[M.ROLLOUT_LOGP_MU] = float(torch.where(mask, recorded, 0).sum(-1).mean())  # concentration
             if cc.train_forward == "aligned":  # what alignment removed: the plain forward on the same rollouts
                 plain = backend.token_logp(self.master, rollout, seed)
                 (g_plain, g_roll, g_mask), _ = gather_rows(self.acc, plain, logp_roll, mask)  # global batch
