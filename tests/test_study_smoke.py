@@ -207,3 +207,31 @@ def test_plan_command_refuses_uncommitted_changes(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="uncommitted changes"):
         mod.main(["--plan", str(path), "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")])
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_plan_runs_end_to_end_and_resumes(tmp_path):
+    """--plan --smoke: SFT per seed, every selected arm per seed, summary.json with the study fields; a second
+    invocation reuses every finished run (nothing retrained)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("study_corrections", REPO / "scripts" / "study_corrections.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "plan.toml"
+    path.write_text(PLAN)
+    argv = ["--plan", str(path), "--smoke", "--allow-dirty", "--arms", "bf16,mxfp4-none", "--out", str(tmp_path / "o"),
+            "--work", str(tmp_path / "w")]
+    assert mod.main(argv) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    for key in ("plan", "primary_metric", "holm", "ess_final", "bf16_gain", "min_detectable_effect", "git_sha"):
+        assert key in summary
+    assert set(summary["arms"]) == {"bf16", "mxfp4-none"} and summary["uncommitted_changes"] in (True, False)
+    assert summary["ess_final"]["bf16"] == 1.0  # μ = π_old exactly
+    assert summary["holm"]["harm:mxfp4"]["n"] == 2 and summary["arms"]["bf16"]["seeds"] == [0, 1]
+    results = sorted((tmp_path / "w").glob("*/seed*/result.json"))
+    assert len(results) == 4
+    stamps = [p.stat().st_mtime_ns for p in results]
+    assert mod.main(argv) == 0  # resume: every run is finished, so nothing is retrained
+    assert [p.stat().st_mtime_ns for p in results] == stamps
