@@ -262,7 +262,8 @@ def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
 
 def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit: int = 0) -> dict:
     """Train one arm on one seed from the seed's shared SFT; score the final master in BF16 (primary: sampled at the
-    plan's temperature; greedy; validation split when asked). Writes result.json last: a run without it reruns."""
+    plan's temperature; greedy; validation split when asked). Writes result.json last; a run without it resumes from
+    its latest checkpoint (the trainer saves one at the end and on interruption), or starts again if it has none."""
     import torch
 
     from dllm_ais.train_job import run_training
@@ -271,15 +272,18 @@ def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit:
     done = run / study.RESULT
     if done.is_file():
         return json.loads(done.read_text())
-    if run.exists():
-        shutil.rmtree(run)  # interrupted: only finished runs are kept
-    cache = study.warm_start(plan.config, work, seed)
-    if cache is not None:
-        shutil.copytree(cache, run / study.SFT_CACHE)
     preset = study.study_preset(plan.config, seed, arm)
     t0 = time.perf_counter()
-    trainer = run_training(preset, run, progress=False)
-    wall = time.perf_counter() - t0
+    if any((run / "checkpoints").glob("step-*")):  # interrupted after a checkpoint (e.g. during evaluation): resume
+        trainer = run_training(preset, run, resume=True, progress=False)
+    else:
+        if run.exists():
+            shutil.rmtree(run)  # interrupted before any checkpoint: start again
+        cache = study.warm_start(plan.config, work, seed)
+        if cache is not None:
+            shutil.copytree(cache, run / study.SFT_CACHE)
+        trainer = run_training(preset, run, progress=False)
+    wall = time.perf_counter() - t0  # of this invocation (a resumed run: the remaining steps and the evaluation)
     eval_preset = study.study_preset(plan.config, seed)  # the preset's own sampler: BF16 master, no fast decoding
     master, tok = trainer.master, trainer.policy.tokenizer
     t1 = _evaluate(master, tok, eval_preset, plan, plan.primary_temperature)

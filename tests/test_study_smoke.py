@@ -235,3 +235,8 @@ def test_plan_runs_end_to_end_and_resumes(tmp_path):
     stamps = [p.stat().st_mtime_ns for p in results]
     assert mod.main(argv) == 0  # resume: every run is finished, so nothing is retrained
     assert [p.stat().st_mtime_ns for p in results] == stamps
+    lost = results[0]  # interrupted after its final checkpoint (during evaluation): resumed, not retrained
+    rows = (lost.parent / "metrics.jsonl").read_text()
+    lost.unlink()
+    assert mod.main(argv) == 0 and lost.is_file()
+    assert (lost.parent / "metrics.jsonl").read_text() == rows
