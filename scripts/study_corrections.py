@@ -143,9 +143,11 @@ def run_plan_command(args, argv: list[str]) -> int:
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
         print(f"wrote {out / 'summary.json'}")
         return 0
-    results = study_plan.run_plan(plan, work, wanted, seeds, log=log)
-    sft = {s: study_plan.sft_scores(plan, work, s) for s in seeds}
-    summary = {**meta, **study_plan.summarize_plan(plan, results, sft)}
+    study_plan.run_plan(plan, work, wanted, seeds, log=log)
+    results = study.collect(work, study_plan.arms(plan, include_missing=True), seeds)  # every finished run, also
+    sft = {s: study_plan.sft_scores(plan, work, s) for s in seeds}  # those of earlier commands (other --arms)
+    summary = {**meta, "preset": study.study_preset(plan.config, seeds[0]).to_dict(),
+               **study_plan.summarize_plan(plan, results, sft)}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     atomic_write_text(out / "runs.jsonl", "".join(json.dumps(r) + "\n" for r in results))
