@@ -283,9 +283,10 @@ PRESETS: dict[str, Preset] = {
         # study-cpu: the testbed of the pre-registered study (study/plan.toml; issue "evidence"): 12-digit shift
         # (completions of 13 counted tokens, so the sequence-level mismatch Var ℓ ≈ 2·L·κ is ~3× the default's), an
         # SFT that teaches the stop token (EOS after the 12th digit), β = 0 and lr 5e-4 so the BF16 policy
-        # concentrates (rollout/logp_mu rises towards 0) within the run; 1,000 held-out items. SFT 25 steps: every
-        # greedy completion is 12 digits + EOS, strict accuracy 0.0 (partial credit 0.26), so RL must learn the
-        # digits. Pilots (one seed, benchmarks/study/pilot*/): with SFT 40 (greedy strict 1.0, 0.15 at T = 1) RL
+        # concentrates (rollout/logp_mu rises towards 0) within the run; 1,000 held-out items. SFT 25 steps: strict
+        # accuracy 0.0, partial credit 0.26, and every greedy completion is 13 digits (the stop token is NOT taught
+        # yet: RL must learn the digits and the stop; SFT 30-35 may teach the stop and leave the digits, not
+        # piloted). Pilots (one seed, benchmarks/study/pilot*/): with SFT 40 (greedy strict 1.0, 0.15 at T = 1) RL
         # only sharpened, BF16 and MXFP4 rollouts ended level (0.977 / 0.978) and MXFP4's ESS rose to 0.994 — no
         # harm to study; with SFT 25 the BF16 master reached 0.215 at T = 1 and the MXFP4-trained master 0.003 at
         # the same training reward. 80 GRPO steps (about 1 min BF16, 3 min MXFP4 per run at load 2, one thread).
