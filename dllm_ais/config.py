@@ -286,15 +286,35 @@ PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         # tiny-cpu: chosen from the trials listed in the README ("Does AIS help?"): the digits task with op shift
-        # (each digit +1; reverse plateaued near 0.3-0.45 with a repeated-digit policy), a weak SFT (20 steps: RL
-        # starts near 0.2), lr 2e-4 (5e-4 learned in ~40 steps, too fast to show in quarter means), a k3 KL to the
-        # SFT model (beta 0.04, as d1), K = 2 mask draws (mismatch estimation was the costliest phase at K = 4).
+        # (each digit +1; reverse plateaued near 0.3-0.45 with a repeated-digit policy), lr 2e-4 (5e-4 learned in
+        # ~40 steps, too fast to show in quarter means), a k3 KL to the SFT model (beta 0.04, as d1), K = 2 mask
+        # draws (mismatch estimation was the costliest phase at K = 4). Prompts go through the tiny tokenizer's chat
+        # template. SFT 35 steps teaches the stop token (greedy: 20 steps wrote nothing or too few digits and RL
+        # then learned a fifth digit where EOS belongs; 35: the right length on every held-out prompt, strict
+        # accuracy well above 0, and RL still has most of the reward to gain); 120 steps (the reward climbs within
+        # ~60 steps at this SFT).
         Preset("tiny-cpu", "Tiny built-in LLaDA on CPU: SFT warm-up on digits, then AIS-GRPO with FP8 rollouts.",
                ModelConfig(), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
-               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=200,
-                           prompts_per_step=16, learning_rate=2e-4, sft_steps=20, mismatch_num_draws=2),
+               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
+                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=5, num_iterations=2)),
+        # study-cpu: the testbed of the pre-registered study (study/plan.toml; issue "evidence"): 12-digit shift
+        # (completions of 13 counted tokens, so the sequence-level mismatch Var ℓ ≈ 2·L·κ is ~3× the default's), an
+        # SFT that teaches the stop token (EOS after the 12th digit), β = 0 and lr 5e-4 so the BF16 policy
+        # concentrates (rollout/logp_mu rises towards 0) within the run; 1,000 held-out items. SFT 25 steps: strict
+        # accuracy 0.0, partial credit 0.26, and every greedy completion is 13 digits (the stop token is NOT taught
+        # yet: RL must learn the digits and the stop; SFT 30-35 may teach the stop and leave the digits, not
+        # piloted). Pilots (one seed, benchmarks/study/pilot*/): with SFT 40 (greedy strict 1.0, 0.15 at T = 1) RL
+        # only sharpened, BF16 and MXFP4 rollouts ended level (0.977 / 0.978) and MXFP4's ESS rose to 0.994 — no
+        # harm to study; with SFT 25 the BF16 master reached 0.215 at T = 1 and the MXFP4-trained master 0.003 at
+        # the same training reward. 80 GRPO steps (about 1 min BF16, 3 min MXFP4 per run at load 2, one thread).
+        Preset("study-cpu", "Testbed of the corrections study: 12-digit shift, long completions, concentrating policy.",
+               ModelConfig(), SamplerConfig(gen_length=13, block_length=13, steps=13, temperature=1.0),
+               TrainConfig(task="digits", task_config={"op": "shift", "length": 12}, steps=80,
+                           prompts_per_step=8, learning_rate=5e-4, sft_steps=25, mismatch_num_draws=2),
+               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
+                          max_completion_length=13, num_iterations=2)),
         # tiny-cpu-arith: the earlier tiny-cpu (single-digit arith); benchmarks/study/ was produced on it (the study
         # pins this preset and overrides β = 0 and its run size, see dllm_ais/study.py).
         Preset("tiny-cpu-arith", "The earlier tiny-cpu on single-digit arith: the testbed of benchmarks/study/.",

@@ -82,11 +82,14 @@ def _load_rows(task, split: str, data_path: str | None, limit: int | None, seed:
 def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split: str = "test",
              data_path: str | None = None, limit: int | None = None, batch_size: int = 16, seed: int = 0,
              out_dir: str | os.PathLike | None = None, progress: bool = False, task_config: dict | None = None,
-             meta: dict[str, Any] | None = None, family: str = "llada", protocol: str = "strict") -> dict[str, Any]:
-    """Greedy completions for every row of `task_name`'s `split`, scored with the task's reward.
+             meta: dict[str, Any] | None = None, family: str = "llada", protocol: str = "strict",
+             temperature: float = 0.0) -> dict[str, Any]:
+    """Greedy completions (or sampled at `temperature`) for every row of `task_name`'s `split`, scored with the task's
+    reward.
 
     model: LLaDAModelLM (or its FP8 copy), or a causal LM with family="qwen"; its device is used.
-    sampler: length/blocks/steps/remasking; the temperature is forced to 0 (d1's setting). seed: the procedural
+    sampler: length/blocks/steps/remasking; its temperature is replaced by `temperature` (default 0, d1's setting;
+    the corrections study scores sampled accuracy at T = 1, the generator seeded per batch). seed: the procedural
     test set's seed and the sampler's generator (only used by random remasking). task_config: generator options
     of a procedural task (e.g. {"max_operand": 9}). meta: extra entries for the summary (e.g. the model's source).
     protocol: "strict" (the task's prompt and reward) or "d1" (d1's prompts with the "<reasoning>" opening, the
@@ -108,7 +111,7 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
     except KeyError as e:
         raise ValueError(e.args[0]) from None
     check_protocol(protocol, task_name)
-    sampler = replace(sampler, temperature=0.0)
+    sampler = replace(sampler, temperature=temperature)
     rows = _load_rows(task, split, data_path, limit, seed, task_config)
     prompts = [r["prompt"] for r in rows] if protocol == "strict" else [d1.user_prompt(task_name, r) for r in rows]
     prefix = d1.ASSISTANT_PREFIX if protocol == "d1" else ""

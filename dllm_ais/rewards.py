@@ -5,7 +5,10 @@ TRL (1.16, `GRPOTrainer._calculate_rewards`) calls every reward function with ke
 where `columns` are the dataset columns except `prompt`/`completion`/`completion_ids`, each a list aligned with the
 completions (one entry per generation). For conversational data prompts are message lists
 (`[{"role": "user", "content": ...}]`) and completions are `[{"role": "assistant", "content": text}]`; otherwise
-both are strings. Here a prompt is conversational when the policy wraps it in the tokenizer's chat template.
+both are strings. TRL decides by the dataset's prompt format (`trl.data_utils.is_conversational`: the example's
+`prompt` is a list of role/content messages); here the task's prompt is text that the policy wraps in the tokenizer's
+chat template as one user turn, which is what a conversational dataset row is for the model, so the rule is
+`conversational_form`: conversational iff the rows' prompts are message lists or the policy applies a chat template.
 A function returns one value per completion; `None` (or NaN) means "not applicable to this sample": it is ignored,
 and the total is the weighted `nansum` over functions (a sample no function scored gets 0, as in TRL). An
 exception, a wrong count or an infinite value makes the step unusable (`StepSkipped`); `RewardSet.record` turns
@@ -49,9 +52,27 @@ def reward_name(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def as_messages(prompts: Sequence[str], completions: Sequence[str]) -> tuple[list, list]:
-    """Plain texts -> TRL's conversational form: one user message per prompt, one assistant message per completion."""
-    return ([[{"role": "user", "content": p}] for p in prompts],
+def is_conversational(example: dict) -> bool:
+    """TRL's rule (`trl.data_utils.is_conversational`): a dataset row is conversational when one of its
+    prompt/completion/messages fields is a list of messages (dicts with `role` and `content`)."""
+    for key in ("prompt", "chosen", "rejected", "completion", "messages"):
+        value = example.get(key)
+        if isinstance(value, list) and value and isinstance(value[0], dict) and "role" in value[0] \
+                and "content" in value[0]:
+            return True
+    return False
+
+
+def conversational_form(rows: Sequence[dict], chat_template_applied: bool) -> bool:
+    """Whether reward functions get TRL's conversational form: the rows are conversational (TRL's rule) or the
+    policy wrapped the text prompts in the tokenizer's chat template (a one-turn conversation for the model)."""
+    return chat_template_applied or bool(rows) and is_conversational(rows[0])
+
+
+def as_messages(prompts: Sequence[Any], completions: Sequence[str]) -> tuple[list, list]:
+    """Plain texts -> TRL's conversational form: one user message per text prompt (message lists are kept), one
+    assistant message per completion."""
+    return ([p if isinstance(p, list) else [{"role": "user", "content": p}] for p in prompts],
             [[{"role": "assistant", "content": c}] for c in completions])
 
 

@@ -81,13 +81,15 @@ def _save_partial(path: Path, model, opt, sched, step: int, gen: torch.Generator
 
 def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
             gen_length: int, loss_fn, eos_token_id: int, seed: int, progress: bool = False,
-            checkpoint: str | os.PathLike | None = None):
+            checkpoint: str | os.PathLike | None = None, chat: bool = False):
     """SFT on (prompt, completion) pairs: `steps` AdamW updates of `batch_size` pairs each.
 
     loss_fn(model, prompt_ids, prompt_mask, completion_ids, generator) -> [] (a backend's `sft_loss`).
     checkpoint: a file for an interrupted warm-up. Ctrl-C lets the current step finish, saves model, optimizer,
     schedule and both generators there (atomically) and raises KeyboardInterrupt; a later call with the same file
     continues from that step and gives the weights of an uninterrupted warm-up. The caller deletes it when done.
+    chat: wrap prompts in the tokenizer's chat template exactly as the RL rollouts do (the task's use_chat_template),
+    so the warm-up teaches the prompt format RL samples from.
     """
     from dllm_ais.models.load import encode_prompts
 
@@ -120,17 +122,17 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_si
                     print(f"SFT warm-up interrupted after {step}/{steps} steps; nothing was saved.", file=sys.stderr)
                 raise KeyboardInterrupt
             _sft_step(model, tokenizer, pairs, batch_size, gen_length, loss_fn, eos_token_id, gen, noise, opt,
-                      sched, device, encode_prompts, bar if progress else None)
+                      sched, device, encode_prompts, bar if progress else None, chat)
     opt.zero_grad(set_to_none=True)  # no SFT gradient may leak into the first RL update
     return model.eval()
 
 
 def _sft_step(model, tokenizer, pairs, batch_size, gen_length, loss_fn, eos_token_id, gen, noise, opt, sched, device,
-              encode_prompts, bar) -> None:
+              encode_prompts, bar, chat: bool = False) -> None:
     """One AdamW update on `batch_size` pairs drawn with `gen`."""
     idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
     prompts, completions = zip(*(pairs[i] for i in idx), strict=True)
-    ids, mask = encode_prompts(tokenizer, list(prompts), chat=False, device=device)
+    ids, mask = encode_prompts(tokenizer, list(prompts), chat=chat, device=device)
     target = pad_completions(tokenizer, list(completions), gen_length, eos_token_id).to(device)
     loss = loss_fn(model, ids, mask, target, noise)
     opt.zero_grad(set_to_none=True)

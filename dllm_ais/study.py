@@ -49,6 +49,8 @@ class Arm:
     """Extra TrainConfig fields, e.g. {"fp4_format": "nvfp4"}."""
     corr: dict = field(default_factory=dict)
     """Extra CorrectionConfig fields, e.g. {"ais_tau": 0.01}."""
+    sampler: dict = field(default_factory=dict)
+    """Extra SamplerConfig fields of the rollouts, e.g. {"threshold": 0.9} (evaluation keeps the preset's)."""
 
 
 ARMS: tuple[Arm, ...] = (
@@ -145,8 +147,10 @@ def study_preset(cfg: StudyConfig, seed: int, arm: Arm | None = None):
         train.update(rollout_precision=arm.rollout_precision, **arm.train)
         corr.update(correction=arm.correction, **arm.corr)
     grpo = {k: v for k, v in dict(num_generations=cfg.num_generations, beta=cfg.beta).items() if v is not None}
+    sampler = {} if arm is None else arm.sampler
     return replace(p, model=replace(p.model, seed=seed), train=replace(p.train, seed=seed, **train),
-                   grpo=replace(p.grpo, **grpo), correction=replace(p.correction, **corr))
+                   grpo=replace(p.grpo, **grpo), correction=replace(p.correction, **corr),
+                   sampler=replace(p.sampler, **sampler))
 
 
 # ---------------------------------------------------------------------------------------------------------- runs

@@ -152,7 +152,7 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
             partial = run.path / SFT_PARTIAL  # an interrupted warm-up continues from here (--resume)
             warm_up(model, tokenizer, pairs, tc.sft_steps, tc.sft_batch_size, tc.sft_learning_rate,
                     preset.sampler.gen_length, backend.sft_loss, tokenizer.eos_token_id, tc.seed, progress=progress,
-                    checkpoint=partial)
+                    checkpoint=partial, chat=use_chat_template)
             family_.save(model, tokenizer, cache)
             partial.unlink(missing_ok=True)
     if tc.lora_r > 0:

@@ -29,7 +29,7 @@ from dllm_ais.grpo import grpo_loss
 from dllm_ais.master_weights import MasterWeights
 from dllm_ais.mismatch_stats import k1, masked_mean
 from dllm_ais.models.load import encode_prompts
-from dllm_ais.rewards import RewardSet, StepSkipped, TrainerState
+from dllm_ais.rewards import RewardSet, StepSkipped, TrainerState, conversational_form
 from dllm_ais.run_dir import RunDir
 
 TOKEN_MEAN_LOSSES = ("bnpo", "dapo")
@@ -267,6 +267,8 @@ class Trainer:
                 log_w = token_log_w
             diag = rollout_diagnostics_global(self.acc, logp_old, logp_roll, mask, cc.log_w_clamp)  # global batch
             metrics = {M.DIAGNOSTIC_NAMES[k]: float(v) for k, v in diag.items()}
+            recorded = rollout.logp_rollout if rollout.logp_rollout is not None else logp_roll  # [B, L]
+            metrics[M.ROLLOUT_LOGP_MU] = float(torch.where(mask, recorded, 0).sum(-1).mean())  # concentration
             if cc.train_forward == "aligned":  # what alignment removed: the plain forward on the same rollouts
                 plain = backend.token_logp(self.master, rollout, seed)
                 (g_plain, g_roll, g_mask), _ = gather_rows(self.acc, plain, logp_roll, mask)  # global batch
@@ -364,7 +366,8 @@ class Trainer:
                  for c, k in zip(rollout.completion_ids, rollout.completion_mask, strict=True)]
         try:
             ids_kept = [c[k].tolist() for c, k in zip(rollout.completion_ids, rollout.completion_mask, strict=True)]
-            chat = bool(self.policy.use_chat_template and getattr(tok, "chat_template", None))
+            chat = conversational_form(rows, bool(self.policy.use_chat_template and getattr(tok, "chat_template",
+                                                                                            None)))
             scored = self.reward_fn(prompts, texts, rows, trainer_state=TrainerState(step, tc.steps),
                                     completion_ids=ids_kept, conversational=chat)
             rewards, error = scored.total.to(device), None

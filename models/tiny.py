@@ -1,7 +1,9 @@
 """A tiny LLaDA and a character-level tokenizer, built offline and deterministically, for CPU runs and tests.
 
 The tokenizer uses LLaDA's special-token strings so prompts and chat handling look like the real model's; ids are
-small (mask 4, EOS/pad 1). Weights are drawn from an explicit `torch.Generator`, never the global RNG.
+small (mask 4, EOS/pad 1). It carries LLaDA-8B-Instruct's chat template (Llama-3 style headers, `CHAT_TEMPLATE`), so
+a CPU run with a chat task goes through the same prompt path, and TRL's conversational reward calls, as the 8B model.
+Weights are drawn from an explicit `torch.Generator`, never the global RNG.
 """
 
 from __future__ import annotations
@@ -18,30 +20,46 @@ BOS = "<|startoftext|>"
 EOT = "<|eot_id|>"
 MASK = "<|mdm_mask|>"
 UNK = "<|unk|>"
+START_HEADER = "<|start_header_id|>"
+END_HEADER = "<|end_header_id|>"
 SPECIAL_TOKENS = (UNK, PAD_EOS, BOS, EOT, MASK)  # ids 0..4
 CHARS = string.printable[:95] + "\n"  # digits, letters, punctuation, space, newline
+HEADER_TOKENS = (START_HEADER, END_HEADER)  # ids after the characters (101, 102): earlier ids are unchanged
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.index0 == 0 %}{{ bos_token }}{% endif %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+"""LLaDA-8B-Instruct's chat template (its tokenizer_config.json), written as one loop: BOS, then per message
+`<|start_header_id|>role<|end_header_id|>\n\n content <|eot_id|>`, then the assistant header when generating."""
 
 
 def tiny_vocab() -> dict[str, int]:
-    """Token -> id: the five special tokens, then one token per character."""
+    """Token -> id: the five special tokens, one token per character, then the two chat header tokens."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHARS:
         vocab.setdefault(ch, len(vocab))
+    for tok in HEADER_TOKENS:
+        vocab[tok] = len(vocab)
     return vocab
 
 
 def tiny_tokenizer():
-    """A PreTrainedTokenizerFast over single characters (left padding, pad = EOS as in LLaDA)."""
+    """A PreTrainedTokenizerFast over single characters (left padding, pad = EOS as in LLaDA) with LLaDA's chat
+    template (`CHAT_TEMPLATE`; the header tokens are single tokens, so a wrapped prompt costs 23 more tokens)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(vocab=tiny_vocab(), unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_special_tokens([*SPECIAL_TOKENS, *HEADER_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token=UNK, pad_token=PAD_EOS, eos_token=PAD_EOS, bos_token=BOS,
-        mask_token=MASK, additional_special_tokens=[EOT], padding_side="left",
+        mask_token=MASK, additional_special_tokens=[EOT, *HEADER_TOKENS], padding_side="left",
+        chat_template=CHAT_TEMPLATE,
     )
 
 

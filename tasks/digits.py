@@ -5,7 +5,8 @@ and RL has a dense signal to climb, and with ``length=4`` the 10,000 strings spl
 held-out problems (``procedural.split_of`` on the prompt), enough to see 5-point accuracy differences; the model
 cannot memorise its way to the test split.
 
-Rows: ``prompt`` like ``"3817>"`` (the digits, then ``>``; no instruction, no chat template), ``answer`` like
+Rows: ``prompt`` like ``"3817>"`` (the digits, then ``>``; no instruction; the policy wraps it in the tokenizer's
+chat template as one user turn, so TRL-style rewards get conversational completions), ``answer`` like
 ``"4928"`` (``op="shift"``: each digit + 1, 9 -> 0), ``"7183"`` (``op="reverse"``) or ``"1378"`` (``op="sort"``),
 and ``digits`` (the input string). Leading zeros are part of the string (``"0042>"`` reverses to ``"2400"``).
 Data: seeded generator (default) or a local jsonl/parquet file with a ``digits`` column. ``sft_pairs(n, seed)``
@@ -43,13 +44,15 @@ class DigitsConfig:
     """The transform: ``reverse`` (read the string backwards), ``sort`` (digits in ascending order) or ``shift``
     (each digit plus one, 9 -> 0: position i of the answer depends on position i of the prompt only)."""
     length: int = 4
-    """Digits per problem (4: 10,000 strings, ~1,030 of them held out; the completion needs ``length`` tokens)."""
+    """Digits per problem (4: 10,000 strings, ~1,030 of them held out; the completion needs ``length`` tokens and
+    EOS; the ``study-cpu`` testbed uses 12: completions of 13 counted tokens, a sequence-level mismatch that grows
+    with the length)."""
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ValueError(f"DigitsConfig.op={self.op!r}: use one of {', '.join(OPS)}")
-        if not 2 <= self.length <= 12:
-            raise ValueError(f"DigitsConfig.length must be in 2..12 (short strings for tiny models), got {self.length}")
+        if not 2 <= self.length <= 16:
+            raise ValueError(f"DigitsConfig.length must be in 2..16 (short strings for tiny models), got {self.length}")
 
 
 def transform(digits: str, op: str) -> str:
@@ -125,7 +128,7 @@ TASK = Task(
     reward=reward,
     build_prompt=build_prompt,
     answer_columns=("answer",),
-    use_chat_template=False,
+    use_chat_template=True,
     description="Tiny built-in digit-string task (shift: '3817>' -> '4928'; reverse, sort), partial credit per "
     "digit, for CPU models",
 )

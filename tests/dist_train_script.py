@@ -40,7 +40,8 @@ def hash_reward(prompts: list[str], completions: list[str], **columns) -> list[f
     advantages that differ between the processes' prompts: the parameters only stay identical if DDP averages the
     gradients.
     """
-    return [(zlib.crc32(c.encode()) % 1000) / 999 for c in completions]
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]  # TRL's chat form on digits
+    return [(zlib.crc32(t.encode()) % 1000) / 999 for t in texts]
 
 
 def small_preset(steps: int, sft_steps: int, prompts_per_step: int = 2):

@@ -16,7 +16,8 @@ from dllm_ais.train_job import run_training
 
 REWARD_MODULE = (
     "def reward(prompts, completions, **columns):\n"
-    "    return [sum(ch.isdigit() for ch in c) / 4 for c in completions]\n"  # graded: groups have spread
+    "    texts = [c if isinstance(c, str) else c[0]['content'] for c in completions]  # TRL: chat form\n"
+    "    return [sum(ch.isdigit() for ch in c) / 4 for c in texts]\n"  # graded: groups have spread
 )
 
 

@@ -214,7 +214,8 @@ def test_sync_from_a_lora_master_equals_a_fresh_quantisation_in_place(fmt):
 
 GRADED_REWARD = (
     "def reward(prompts, completions, **columns):\n"
-    "    return [sum(ch.isdigit() for ch in c) / 4 for c in completions]\n"  # graded: groups have spread
+    "    texts = [c if isinstance(c, str) else c[0]['content'] for c in completions]  # TRL: chat form\n"
+    "    return [sum(ch.isdigit() for ch in c) / 4 for c in texts]\n"  # graded: groups have spread
 )
 
 

@@ -125,3 +125,79 @@ def test_trl_builtins_work_when_trl_is_installed():
 def test_plain_callable_is_a_set_of_one():
     out = compute_rewards(lambda completions, **kw: [1.0, 3.0], PROMPTS, COMPLETIONS, ROWS)
     assert torch.equal(out, torch.tensor([1.0, 3.0]))
+
+
+# ------------------------------------------------------------------ TRL's conversational rule on the CPU default
+def test_is_conversational_follows_trls_rule():
+    from dllm_ais.rewards import conversational_form, is_conversational
+
+    assert is_conversational({"prompt": [{"role": "user", "content": "hi"}]})
+    assert is_conversational({"messages": [{"role": "user", "content": "hi"}], "prompt": None})
+    assert not is_conversational({"prompt": "hi"}) and not is_conversational({"prompt": []})
+    assert not is_conversational({"prompt": [{"content": "no role"}]})
+    assert conversational_form([{"prompt": "hi"}], chat_template_applied=True)  # the model saw a conversation
+    assert not conversational_form([{"prompt": "hi"}], chat_template_applied=False)
+    assert conversational_form([{"prompt": [{"role": "user", "content": "hi"}]}], chat_template_applied=False)
+
+
+def test_tiny_tokenizer_has_lladas_chat_template():
+    from transformers import AutoTokenizer
+
+    from dllm_ais.models.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    text = tok.apply_chat_template([{"role": "user", "content": " 3817> "}], add_generation_prompt=True,
+                                   tokenize=False)
+    expected = ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n3817><|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n")  # LLaDA-8B-Instruct's format, content trimmed
+    assert text == expected
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids[:2] == [tok.bos_token_id, tok.convert_tokens_to_ids("<|start_header_id|>")] and max(ids) < 128
+    assert tok.convert_tokens_to_ids("3") == 8  # the character ids of earlier checkpoints are unchanged
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        tok.save_pretrained(d)
+        again = AutoTokenizer.from_pretrained(d)
+        assert again.apply_chat_template([{"role": "user", "content": "3817>"}], add_generation_prompt=True,
+                                         tokenize=False) == expected
+
+
+THINK_MODULE = '''
+import re
+
+def think_format_reward(completions: list[list[dict[str, str]]], **kwargs) -> list[float]:
+    # the signature and message access of TRL 1.16's think_format_reward, with our own body
+    return [1.0 if re.match(r"^<think>(?!.*<think>)(.*?)</think>.*$", c[0]["content"], re.DOTALL) else 0.0
+            for c in completions]
+'''
+
+
+def _train_default_with(reward_fn: str, out) -> list[dict]:
+    from dllm_ais import metrics as M
+    from dllm_ais.cli import main
+
+    assert main(["train", "--out", str(out), "--reward-fn", reward_fn, "--steps", "2", "--sft-steps", "0",
+                 "--no-progress", "--threads", "1"]) == 0
+    return M.read_metrics(out)
+
+
+def test_trl_style_think_format_reward_runs_on_the_default(tmp_path, monkeypatch):
+    """The default preset (tiny LLaDA, digits, chat template) passes TRL's conversational completions: a function
+    that indexes completion[0]["content"] works (before: 'string indices must be integers', every step skipped)."""
+    from dllm_ais import metrics as M
+
+    name = f"think_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(THINK_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = _train_default_with(f"{name}:think_format_reward", tmp_path / "run")
+    assert len(rows) == 2 and all(r[M.REWARD_ERRORS] == 0.0 for r in rows)
+    assert all(r[M.REWARD_MEAN] == 0.0 for r in rows)  # digit strings never open with <think>: scored 0, not skipped
+
+
+def test_trls_own_think_format_reward_on_the_default(tmp_path):
+    pytest.importorskip("trl.rewards", reason="optional extra: pip install -e '.[trl]'")
+    from dllm_ais import metrics as M
+
+    rows = _train_default_with("trl.rewards:think_format_reward", tmp_path / "run")
+    assert len(rows) == 2 and all(r[M.REWARD_ERRORS] == 0.0 for r in rows)

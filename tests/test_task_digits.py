@@ -72,4 +72,48 @@ def test_sft_pairs_and_config_errors():
 
 def test_registered():
     task = get_task("digits")
-    assert task.reward is digits.reward and not task.use_chat_template
+    assert task.reward is digits.reward and task.use_chat_template  # the tiny tokenizer's chat template wraps it
+
+
+def test_length_range_reaches_the_study_testbed():
+    assert len(digits.load("test", limit=5, config=digits.DigitsConfig(length=16))[0]["digits"]) == 16
+    with pytest.raises(ValueError, match="2..16"):
+        digits.DigitsConfig(length=17)
+
+
+def test_default_sft_puts_eos_where_the_reference_does():
+    """The default preset's SFT warm-up (its steps, batch, lr, chat-wrapped prompts) teaches the stop token: greedy
+    completions of held-out prompts end with EOS exactly after the 4th digit, as the reference completion does
+    (before the fix: 20 steps, raw prompts; completions stopped early, and RL then learned a 5th digit)."""
+    import torch
+
+    from dllm_ais.config import get_preset
+    from dllm_ais.evaluate import eval_sampler
+    from dllm_ais.models.load import encode_prompts
+    from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
+    from dllm_ais.sft import warm_up
+    from dllm_ais.train_job import _llada_backend, _sft_pairs
+
+    preset = get_preset("tiny-cpu")
+    tc = preset.train
+    tok = tiny_tokenizer()
+    model = tiny_model(seed=tc.seed)
+    backend = _llada_backend(preset.sampler, model, tok, tc)
+    pairs = _sft_pairs(tc.task, 20_000, tc.seed, tc.task_config)
+    warm_up(model, tok, pairs, tc.sft_steps, tc.sft_batch_size, tc.sft_learning_rate, preset.sampler.gen_length,
+            backend.sft_loss, tok.eos_token_id, tc.seed, chat=get_task("digits").use_chat_template)
+    rows = digits.load("test", limit=64, config=digits.DigitsConfig(**tc.task_config))
+    ids, mask = encode_prompts(tok, [r["prompt"] for r in rows], chat=True)
+    greedy = _llada_backend(eval_sampler(preset), model, tok)
+    with torch.no_grad():
+        out = greedy.sample(model, ids, mask, torch.Generator().manual_seed(0))
+    eos = tok.eos_token_id
+    reference = [tok(r["answer"], add_special_tokens=False)["input_ids"] + [eos] for r in rows]  # 4 digits, EOS
+    first_eos = [row.tolist().index(eos) if eos in row.tolist() else -1 for row in out.completion_ids]
+    assert all(len(ref) == 5 and ref.index(eos) == 4 for ref in reference)
+    at_reference = sum(k == 4 for k in first_eos) / len(rows)
+    assert at_reference >= 0.9, f"EOS at the reference position in only {at_reference:.2f} of completions"
+    strict = digits.accuracy(None, [tok.decode(c[k], skip_special_tokens=True)
+                                    for c, k in zip(out.completion_ids, out.completion_mask, strict=True)],
+                             answer=[r["answer"] for r in rows])
+    assert sum(strict) / len(rows) > 0.0  # some completions exactly right (the strict metric is not stuck at 0)

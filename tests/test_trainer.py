@@ -106,7 +106,7 @@ def test_reward_function_that_raises_is_reported_and_training_continues(tmp_path
         "    calls.append(1)\n"
         "    if len(calls) == 2:\n"
         "        raise ZeroDivisionError('boom')\n"
-        "    return [float(len(c)) for c in completions]\n"))
+        "    return [float(len(c if isinstance(c, str) else c[0]['content'])) for c in completions]\n"))
     run_training(small_preset(steps=3, reward_fn=fn), tmp_path / "run", progress=False)
     rows = M.read_metrics(tmp_path / "run")
     assert [r[M.REWARD_ERRORS] for r in rows] == [0.0, 1.0, 0.0]
@@ -173,11 +173,12 @@ def test_ctrl_c_finishes_the_step_and_resume_reproduces(tmp_path, monkeypatch):
         "    calls.append(1)\n"
         "    if len(calls) == 2:\n"
         "        os.kill(os.getpid(), signal.SIGINT)\n"
-        "    return [float(len(c)) for c in completions]\n"))
+        "    return [float(len(c if isinstance(c, str) else c[0]['content'])) for c in completions]\n"))
     whole, split = tmp_path / "whole", tmp_path / "split"
     reward_fn = fn.replace(":", "_whole:")
     (tmp_path / f"{reward_fn.split(':')[0]}.py").write_text(
-        "def reward(prompts, completions, **cols):\n    return [float(len(c)) for c in completions]\n")
+        "def reward(prompts, completions, **cols):\n"
+        "    return [float(len(c if isinstance(c, str) else c[0]['content'])) for c in completions]\n")
     run_training(small_preset(steps=4, reward_fn=reward_fn), whole, progress=False)
     with pytest.raises(KeyboardInterrupt):
         run_training(small_preset(steps=4, reward_fn=fn), split, progress=False)
@@ -192,7 +193,7 @@ def test_gradient_accumulation_keeps_masks_shared_and_the_loss_scaled(tmp_path, 
     and are weighted by their token share (dapo) or sequence share (grpo): same training as one big batch."""
     fn = _reward_module(tmp_path, monkeypatch, (  # graded, so advantages (and gradients) are not all zero
         "def reward(prompts, completions, **cols):\n"
-        "    return [float(len(c)) for c in completions]\n"))
+        "    return [float(len(c if isinstance(c, str) else c[0]['content'])) for c in completions]\n"))
     for loss_type in ("dapo", "grpo"):
         weights, logged = [], []
         for acc in (1, 3):
@@ -253,7 +254,7 @@ def test_bf16_full_fine_tuning_keeps_fp32_master_weights(tmp_path, monkeypatch):
     restores them (the run equals the uninterrupted one), and the optimizer never holds a bf16 tensor."""
     fn = _reward_module(tmp_path, monkeypatch, (  # graded, so advantages (and gradients) are not all zero
         "def reward(prompts, completions, **cols):\n"
-        "    return [float(len(c)) for c in completions]\n"))
+        "    return [float(len(c if isinstance(c, str) else c[0]['content'])) for c in completions]\n"))
 
     def preset(steps):
         p = small_preset(steps=steps, sft_steps=0, learning_rate=1e-6, reward_fn=fn)

@@ -1,0 +1,444 @@
+"""The pre-registered study: a plan file (TOML) that fixes the arms, seeds, metrics and comparisons before any run,
+the runs it asks for (resumable), and the report with Holm-corrected comparisons.
+
+Plan file (study/plan.toml), sections:
+- `[plan]`: name, preset, seeds, alpha (family-wise), equivalence_margin, registered (date), and `[plan.settings]`
+  (StudyConfig overrides: steps, sft_steps, learning_rate, ...; unset = the preset's).
+- `[primary_metric]`: `key` (a result.json field), temperature, eval_limit, description.
+- `[secondary]`: keys; `[collapse]`: window, drop (the collapse indicator's definition).
+- `[[stress]]`: name, rollout_precision, optional `train` / `sampler` / `corr` overrides, `corrections` (default
+  none, tis, ais) and `requires` (import paths "module:attr" that must resolve: a conditional stress regime whose
+  code may not be in the package; left out of the run and the Holm family, and listed as such, when missing).
+- `[calibration]`: stress, taus, seeds, validation_limit (the τ scan on a validation split, `--calibrate`).
+Arms: `bf16` plus `<stress>-<correction>` for every stress regime. Pre-registered comparisons per (available)
+stress s, all in one Holm family: `harm:<s>` (s-none − bf16, two-sided paired t), `benefit:<s>` (s-ais − s-none,
+two-sided paired t), `equivalence:<s>` (s-ais − bf16, TOST with ±equivalence_margin).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from dllm_ais import metrics as M
+from dllm_ais import study
+from dllm_ais.atomic import atomic_write_text
+from dllm_ais.study_stats import differences, holm, lagged_xcorr, min_detectable_effect, paired_t, peak_lag, tost
+
+CORRECTIONS = ("none", "tis", "ais")
+"""Corrections of every stress regime unless its table lists others."""
+PRIMARY_KEYS = ("heldout_acc_t1", "heldout_acc_greedy", "final_reward", "collapse")
+"""result.json fields a plan may name as primary or secondary metric."""
+
+
+@dataclass(frozen=True)
+class Stress:
+    """A rollout-mismatch regime: a rollout precision and the settings that make it."""
+
+    name: str
+    """Prefix of its arms' names (e.g. mxfp4 -> mxfp4-none, mxfp4-tis, mxfp4-ais)."""
+    rollout_precision: str
+    """TrainConfig.rollout_precision."""
+    train: dict = field(default_factory=dict)
+    """TrainConfig overrides (fp4_format, mismatch_estimator, ...)."""
+    sampler: dict = field(default_factory=dict)
+    """SamplerConfig overrides used for rollouts (e.g. cache, threshold); evaluation keeps the preset's sampler."""
+    corr: dict = field(default_factory=dict)
+    """CorrectionConfig overrides shared by its arms."""
+    corrections: tuple[str, ...] = CORRECTIONS
+    """Corrections it is run with."""
+    requires: tuple[str, ...] = ()
+    """Import paths 'module:attr' that must resolve for the regime to run (conditional regimes)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parsed plan file."""
+
+    name: str
+    """Plan name."""
+    path: str
+    """The file it was read from."""
+    sha256: str
+    """Hash of the file's bytes (summary.json records it: the plan that was run is the plan that was committed)."""
+    raw: dict
+    """The TOML document as parsed."""
+    config: study.StudyConfig
+    """Run settings."""
+    stresses: tuple[Stress, ...]
+    """Stress regimes, in file order."""
+    primary: str
+    """The primary metric's result key."""
+    primary_temperature: float
+    """Sampling temperature of the primary metric's evaluation."""
+    secondary: tuple[str, ...]
+    """Secondary metrics' result keys."""
+    alpha: float
+    """Family-wise error rate of the Holm family."""
+    equivalence_margin: float
+    """± margin of the equivalence comparisons (primary metric's units)."""
+    collapse_window: int
+    """Moving-average window (steps) of the collapse indicator."""
+    collapse_drop: float
+    """A run collapsed when its final-quarter reward is below its peak moving average by more than this."""
+    calibration: dict
+    """[calibration] section (may be empty)."""
+
+
+def missing_requirements(stress: Stress) -> list[str]:
+    """The `requires` entries of `stress` that do not resolve in this package."""
+    missing = []
+    for spec in stress.requires:
+        module, _, attr = spec.partition(":")
+        try:
+            obj = importlib.import_module(module)
+            if attr and not hasattr(obj, attr):
+                missing.append(spec)
+        except ImportError:
+            missing.append(spec)
+    return missing
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Parse and validate a plan file; errors name the section and field to change."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ImportError("reading a study plan needs Python >= 3.11 (tomllib) or `pip install tomli`.") from None
+    path = Path(path)
+    data = path.read_bytes()
+    doc = tomllib.loads(data.decode())
+    head = doc.get("plan")
+    if not isinstance(head, dict):
+        raise ValueError(f"{path}: no [plan] table.")
+    seeds = tuple(head.get("seeds", ()))
+    settings = dict(head.get("settings", {}))
+    known = {f for f in study.StudyConfig.__dataclass_fields__} - {"preset", "seeds"}
+    unknown = set(settings) - known
+    if unknown:
+        raise ValueError(f"{path}: [plan.settings] has unknown field(s) {sorted(unknown)}; known: {sorted(known)}.")
+    try:
+        unset = dict.fromkeys(("steps", "sft_steps", "prompts_per_step", "num_generations", "mismatch_num_draws",
+                               "learning_rate", "beta"))  # None = the preset's value
+        cfg = study.StudyConfig(preset=head["preset"], seeds=seeds, **{**unset, **settings})
+    except KeyError as e:
+        raise ValueError(f"{path}: [plan] needs {e.args[0]!r}.") from None
+    from dllm_ais.config import get_preset
+
+    get_preset(cfg.preset)  # unknown preset: the error lists the known ones
+    prim = doc.get("primary_metric", {})
+    primary = prim.get("key", "heldout_acc_t1")
+    secondary = tuple(doc.get("secondary", {}).get("keys", ()))
+    for key in (primary, *secondary):
+        if key not in PRIMARY_KEYS:
+            raise ValueError(f"{path}: metric {key!r} unknown; use one of {', '.join(PRIMARY_KEYS)}.")
+    stresses = []
+    for i, s in enumerate(doc.get("stress", [])):
+        extra = set(s) - {"name", "rollout_precision", "train", "sampler", "corr", "corrections", "requires"}
+        if extra or "name" not in s or "rollout_precision" not in s:
+            raise ValueError(f"{path}: [[stress]] #{i + 1} needs name and rollout_precision; unknown keys "
+                             f"{sorted(extra)}.")
+        stresses.append(Stress(s["name"], s["rollout_precision"], dict(s.get("train", {})),
+                               dict(s.get("sampler", {})), dict(s.get("corr", {})),
+                               tuple(s.get("corrections", CORRECTIONS)), tuple(s.get("requires", ()))))
+    if len({s.name for s in stresses}) != len(stresses):
+        raise ValueError(f"{path}: two [[stress]] tables share a name.")
+    alpha = float(head.get("alpha", 0.05))
+    margin = float(head.get("equivalence_margin", 0.05))
+    if not 0 < alpha < 1 or margin <= 0:
+        raise ValueError(f"{path}: [plan] alpha must be in (0, 1) and equivalence_margin > 0.")
+    coll = doc.get("collapse", {})
+    calib = dict(doc.get("calibration", {}))
+    if calib and calib.get("stress") not in {s.name for s in stresses}:
+        raise ValueError(f"{path}: [calibration] stress={calib.get('stress')!r} is not a [[stress]] name.")
+    return Plan(head.get("name", path.stem), str(path), hashlib.sha256(data).hexdigest(), doc, cfg, tuple(stresses),
+                primary, float(prim.get("temperature", 1.0)), secondary, alpha, margin,
+                int(coll.get("window", 10)), float(coll.get("drop", 0.2)), calib)
+
+
+def arms(plan: Plan, include_missing: bool = False) -> list[study.Arm]:
+    """bf16 plus every (available) stress regime × its corrections, in plan order."""
+    out = [study.Arm("bf16", "bf16", "none")]
+    for s in plan.stresses:
+        if missing_requirements(s) and not include_missing:
+            continue
+        for c in s.corrections:
+            out.append(study.Arm(f"{s.name}-{c}", s.rollout_precision, c, dict(s.train), dict(s.corr),
+                                 dict(s.sampler)))
+    return out
+
+
+def comparisons(plan: Plan) -> list[dict]:
+    """The pre-registered Holm family: harm / benefit / equivalence per available stress regime."""
+    out = []
+    for s in plan.stresses:
+        if missing_requirements(s):
+            continue
+        out += [{"name": f"harm:{s.name}", "a": f"{s.name}-none", "b": "bf16", "test": "paired_t"},
+                {"name": f"benefit:{s.name}", "a": f"{s.name}-ais", "b": f"{s.name}-none", "test": "paired_t"},
+                {"name": f"equivalence:{s.name}", "a": f"{s.name}-ais", "b": "bf16", "test": "tost"}]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- outcomes
+def collapsed(rewards: Sequence[float], window: int, drop: float) -> bool:
+    """Collapse indicator: the final-quarter mean reward is below the peak `window`-step moving average by > drop."""
+    vals = [float(v) for v in rewards if math.isfinite(float(v))]
+    if len(vals) < window:
+        return False
+    peak = max(sum(vals[i:i + window]) / window for i in range(len(vals) - window + 1))
+    return peak - study.quarter_means(vals)[1] > drop
+
+
+def lambda_lead_lag(trajectory: dict[str, list[float]], max_lag: int = 10) -> dict:
+    """Does λ move before or after the reward? Cross-correlation of the step-to-step changes of λ and of the reward;
+    the lag of the most negative correlation (λ up, reward down): > 0 means λ leads the reward drop."""
+    lam = trajectory.get(M.AIS_LAMBDA, [])
+    rew = trajectory.get(M.REWARD_MEAN, [])
+    if len(lam) < 4 or len(rew) < 4:
+        return {"peak_lag": None, "corr": math.nan, "xcorr": {}}
+    xc = lagged_xcorr(differences(lam), differences(rew), max_lag)
+    k, c = peak_lag(xc, sign=-1)
+    return {"peak_lag": k, "corr": c, "xcorr": {str(k_): v for k_, v in xc.items()}}
+
+
+def validation_rows(preset, seed: int, limit: int) -> list[dict]:
+    """A validation split: `limit` train-split problems drawn with another seed, minus the run's training rows."""
+    from dllm_ais.train_job import task_rows_and_reward
+
+    task, train_rows, _ = task_rows_and_reward(preset)
+    seen = {r["prompt"] for r in train_rows}
+    from dllm_ais.train_job import task_config_kwargs
+
+    extra = task.load("train", seed=seed + 100_003, limit=limit * 2,
+                      **task_config_kwargs(task.load, preset.train.task_config))
+    return [r for r in extra if r["prompt"] not in seen][:limit]
+
+
+def _evaluate(model, tokenizer, preset, plan: Plan, temperature: float, split: str = "test",
+              data_path: str | None = None) -> dict:
+    import torch
+
+    from dllm_ais.evaluate import eval_sampler, evaluate
+
+    with torch.no_grad():
+        return evaluate(model, tokenizer, preset.train.task, eval_sampler(preset), split=split, data_path=data_path,
+                        limit=plan.config.eval_limit, batch_size=plan.config.eval_batch_size, seed=0,
+                        task_config=preset.train.task_config, family=preset.model.family, temperature=temperature)
+
+
+def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
+    """Held-out accuracy of the seed's SFT model (T = primary temperature and greedy), cached next to it."""
+    path = study.sft_dir(work, seed) / "sft_scores.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from dllm_ais.train_job import family
+
+    cache = study.warm_start(plan.config, work, seed)
+    preset = study.study_preset(plan.config, seed)
+    import torch
+    from transformers import AutoTokenizer
+
+    model = family(preset.model.family).load_dir(cache, dtype=getattr(torch, preset.model.dtype), device="cpu")
+    tok = AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
+    tok.padding_side = "left"
+    t1 = _evaluate(model, tok, preset, plan, plan.primary_temperature)
+    greedy = _evaluate(model, tok, preset, plan, 0.0)
+    scores = {"heldout_acc_t1": t1["full_reward_frac"], "heldout_acc_greedy": greedy["full_reward_frac"],
+              "heldout_n": t1["n"]}
+    atomic_write_text(path, json.dumps(scores))
+    return scores
+
+
+def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit: int = 0) -> dict:
+    """Train one arm on one seed from the seed's shared SFT; score the final master in BF16 (primary: sampled at the
+    plan's temperature; greedy; validation split when asked). Writes result.json last; a run without it resumes from
+    its latest checkpoint (the trainer saves one at the end and on interruption), or starts again if it has none."""
+    import torch
+
+    from dllm_ais.train_job import run_training
+
+    run = study.run_dir(work, arm, seed)
+    done = run / study.RESULT
+    if done.is_file():
+        return json.loads(done.read_text())
+    preset = study.study_preset(plan.config, seed, arm)
+    t0 = time.perf_counter()
+    if any((run / "checkpoints").glob("step-*")):  # interrupted after a checkpoint (e.g. during evaluation): resume
+        trainer = run_training(preset, run, resume=True, progress=False)
+    else:
+        if run.exists():
+            shutil.rmtree(run)  # interrupted before any checkpoint: start again
+        cache = study.warm_start(plan.config, work, seed)
+        if cache is not None:
+            shutil.copytree(cache, run / study.SFT_CACHE)
+        trainer = run_training(preset, run, progress=False)
+    wall = time.perf_counter() - t0  # of this invocation (a resumed run: the remaining steps and the evaluation)
+    eval_preset = study.study_preset(plan.config, seed)  # the preset's own sampler: BF16 master, no fast decoding
+    master, tok = trainer.master, trainer.policy.tokenizer
+    t1 = _evaluate(master, tok, eval_preset, plan, plan.primary_temperature)
+    greedy = _evaluate(master, tok, eval_preset, plan, 0.0)
+    rows = sorted(M.read_metrics(run), key=lambda r: r[M.STEP])
+    traj = {k: [study._num(r.get(k)) for r in rows] for k in (*study.TRAJECTORY_KEYS, M.ROLLOUT_LOGP_MU, M.CORR_ESS)}
+    first, final = study.quarter_means(traj[M.REWARD_MEAN])
+    tail = max(1, len(rows) // 10)
+    result = {
+        "arm": arm.name, "seed": seed, "rollout_precision": arm.rollout_precision, "correction": arm.correction,
+        "steps": len(rows), "first_reward": first, "final_reward": final,
+        "heldout_acc_t1": t1["full_reward_frac"], "heldout_acc_greedy": greedy["full_reward_frac"],
+        "heldout_n": t1["n"],
+        "collapse": float(collapsed(traj[M.REWARD_MEAN], plan.collapse_window, plan.collapse_drop)),
+        "ess_final": study._mean(traj[M.AIS_ESS][-tail:]), "corr_ess_final": study._mean(traj[M.CORR_ESS][-tail:]),
+        "logp_mu_first": study._mean(traj[M.ROLLOUT_LOGP_MU][:tail]),
+        "logp_mu_final": study._mean(traj[M.ROLLOUT_LOGP_MU][-tail:]),
+        "lambda_mean": study._mean(traj[M.AIS_LAMBDA]), "lambda_std": study._std(traj[M.AIS_LAMBDA]),
+        "lambda_lead_lag": lambda_lead_lag(traj), "wall_s": wall, "trajectory": traj,
+    }
+    if validation_limit:
+        val = validation_rows(preset, seed, validation_limit)
+        path = run / "validation.jsonl"
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in val))
+        with torch.no_grad():
+            result["validation_acc_t1"] = _evaluate(master, tok, eval_preset, replace(
+                plan, config=replace(plan.config, eval_limit=None)), plan.primary_temperature, split="train",
+                data_path=str(path))["full_reward_frac"]
+    atomic_write_text(done, json.dumps(result))
+    return result
+
+
+def run_plan(plan: Plan, work: Path, arm_names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+             log=print) -> list[dict]:
+    """Every (arm, seed) of the plan, seed by seed; finished runs are reused (resume = run the same command)."""
+    import torch
+
+    torch.set_num_threads(1)
+    work.mkdir(parents=True, exist_ok=True)
+    selected = [a for a in arms(plan) if arm_names is None or a.name in arm_names]
+    results = []
+    for seed in seeds or plan.config.seeds:
+        sft_scores(plan, work, seed)
+        for arm in selected:
+            results.append(run_arm(plan, work, arm, seed))
+            r = results[-1]
+            log(f"{arm.name:>12} seed {seed}: reward {r['first_reward']:.3f} -> {r['final_reward']:.3f}, held-out "
+                f"T={plan.primary_temperature:g} {r['heldout_acc_t1']:.3f}, greedy {r['heldout_acc_greedy']:.3f}, "
+                f"ESS final {r['ess_final']:.3f}, log μ(y) {r['logp_mu_first']:.2f} -> {r['logp_mu_final']:.2f}, "
+                f"{r['wall_s']:.0f} s")
+    return results
+
+
+def calibration_arms(plan: Plan) -> list[study.Arm]:
+    """The τ scan's arms: `<stress>-ais-tau<τ>` for every τ of [calibration]."""
+    c = plan.calibration
+    s = next(x for x in plan.stresses if x.name == c["stress"])
+    return [study.Arm(f"{s.name}-ais-tau{tau:g}", s.rollout_precision, "ais", dict(s.train),
+                      {**s.corr, "ais_tau": float(tau)}, dict(s.sampler)) for tau in c["taus"]]
+
+
+def run_calibration(plan: Plan, work: Path, log=print) -> dict:
+    """τ scan on the validation split: every τ of [calibration] on its seeds; τ* = the highest mean validation
+    accuracy (primary temperature). Returns per τ the mean validation accuracy and τ*; test accuracy is not used."""
+    if not plan.calibration:
+        raise ValueError(f"{plan.path}: no [calibration] table; add stress, taus, seeds, validation_limit.")
+    c = plan.calibration
+    out = {}
+    for arm in calibration_arms(plan):
+        accs = []
+        for seed in c.get("seeds", plan.config.seeds[:2]):
+            r = run_arm(plan, work, arm, seed, validation_limit=int(c.get("validation_limit", 500)))
+            accs.append(r["validation_acc_t1"])
+            log(f"{arm.name} seed {seed}: validation {r['validation_acc_t1']:.3f}")
+        out[arm.corr["ais_tau"]] = study._mean(accs)
+    best = max(out, key=lambda t: out[t])
+    return {"validation_acc_by_tau": {str(k): v for k, v in out.items()}, "tau_star": best}
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def summarize_plan(plan: Plan, results: Sequence[dict], sft: dict[int, dict]) -> dict:
+    """summary.json's study fields: plan, primary_metric, per-arm outcomes with ess_final, bf16_gain, holm,
+    min_detectable_effect and the λ lead/lag of collapsed runs."""
+    by: dict[str, dict[int, dict]] = {}
+    for r in results:
+        by.setdefault(r["arm"], {})[r["seed"]] = r
+    key = plan.primary
+    arms_out = {}
+    for name, runs in by.items():
+        entry = {"seeds": sorted(runs)}
+        for k in (key, *plan.secondary, "ess_final", "corr_ess_final", "logp_mu_first", "logp_mu_final"):
+            m, ci = study.mean_ci95([r.get(k, math.nan) for r in runs.values()])
+            entry[k] = {"mean": m, "ci95": ci}
+        arms_out[name] = entry
+    ess_final = {n: e["ess_final"]["mean"] for n, e in arms_out.items()}
+    gain_diffs = [by["bf16"][s][key] - sft[s][key] for s in sorted(by.get("bf16", {})) if s in sft]
+    bf16_gain = paired_t(gain_diffs, alternative="greater")
+    tests, pvals = {}, {}
+    for c in comparisons(plan):
+        a, b = by.get(c["a"], {}), by.get(c["b"], {})
+        seeds = sorted(set(a) & set(b))
+        diffs = [a[s][key] - b[s][key] for s in seeds]
+        res = tost(diffs, plan.equivalence_margin) if c["test"] == "tost" else paired_t(diffs)
+        if c["test"] == "tost":  # the 1 − 2α interval: equivalence iff it lies inside ±margin
+            res["ci_1m2alpha"] = _ci(diffs, 1 - 2 * plan.alpha) if len(diffs) >= 2 else [math.nan, math.nan]
+        tests[c["name"]] = {**c, **res, "seeds": seeds}
+        pvals[c["name"]] = res["p"]
+    adjusted = holm(pvals, plan.alpha)
+    for name, adj in adjusted.items():
+        tests[name].update(p_holm=adj["p_holm"], rejected=adj["rejected"])
+    m = len(pvals)
+    mde = {}
+    for name, t in tests.items():
+        mde[name] = min_detectable_effect(t["sd"], t["n"], plan.alpha, tests=max(m, 1))
+    lead_lag = [{"arm": r["arm"], "seed": r["seed"], **{k: v for k, v in r["lambda_lead_lag"].items() if k != "xcorr"}}
+                for r in results if r.get("collapse") and r.get("lambda_lead_lag")]
+    return {
+        "plan": {"name": plan.name, "path": plan.path, "sha256": plan.sha256, "document": plan.raw},
+        "primary_metric": {"key": key, "temperature": plan.primary_temperature,
+                           "description": plan.raw.get("primary_metric", {}).get("description", "")},
+        "arms": arms_out, "ess_final": ess_final, "bf16_gain": bf16_gain, "holm": tests,
+        "min_detectable_effect": {"alpha": plan.alpha, "power": 0.8, "family_size": m, "by_comparison": mde},
+        "lambda_lead_lag_collapsed_runs": lead_lag,
+        "sft": {str(s): v for s, v in sft.items()},
+        "not_run": [s.name for s in plan.stresses if missing_requirements(s)],
+    }
+
+
+def _ci(diffs: Sequence[float], level: float) -> list[float]:
+    """Two-sided `level` t-interval of the mean (TOST's 1 − 2α interval with level = 1 − 2α)."""
+    from dllm_ais.study_stats import t_quantile
+
+    r = paired_t(diffs)
+    half = t_quantile(0.5 + level / 2, r["n"] - 1) * r["sd"] / math.sqrt(r["n"])
+    return [r["mean"] - half, r["mean"] + half]
+
+
+def report_table(summary: dict) -> str:
+    """Markdown: per arm the primary metric (mean [95 % CI]), secondary metrics, final ESS and log μ(y) first → final;
+    then the Holm family."""
+    key = summary["primary_metric"]["key"]
+    lines = ["| arm | seeds | " + key + " | greedy | final-quarter reward | collapse | ESS final | log μ(y) first → "
+             "final |", "|---|---|---|---|---|---|---|---|"]
+    f = study._fmt
+    for name, e in summary["arms"].items():
+        get = lambda k, e=e: e.get(k, {"mean": math.nan, "ci95": [math.nan, math.nan]})  # noqa: E731
+        lines.append(f"| {name} | {len(e['seeds'])} | {study._ci(get(key)['mean'], get(key)['ci95'])} | "
+                     f"{f(get('heldout_acc_greedy')['mean'])} | {f(get('final_reward')['mean'])} | "
+                     f"{f(get('collapse')['mean'], 2)} | {f(get('ess_final')['mean'])} | "
+                     f"{f(get('logp_mu_first')['mean'], 2)} → {f(get('logp_mu_final')['mean'], 2)} |")
+    lines += ["", "| comparison | a − b | mean | p | p (Holm) | rejected |", "|---|---|---|---|---|---|"]
+    for name, t in summary["holm"].items():
+        lines.append(f"| {name} | {t['a']} − {t['b']} | {f(t['mean'])} | {f(t['p'], 4)} | {f(t['p_holm'], 4)} | "
+                     f"{t['rejected']} |")
+    g = summary["bf16_gain"]
+    lines += ["", f"BF16 gain over the SFT model ({key}): {f(g['mean'])} [{f(g['ci95'][0])}, {f(g['ci95'][1])}], "
+              f"n = {g['n']}"]
+    return "\n".join(lines)
