@@ -1,0 +1,212 @@
+"""Fast-dLLM rollouts (SamplerConfig.cache / threshold) against tests/fastdllm_reference.py, an independent plain
+re-implementation of Fast-dLLM's generate / generate_with_prefix_cache / generate_with_dual_cache; the cached window
+forward of every rollout copy against its full forward; logp_rollout against a replay of the recorded canvases."""
+
+from __future__ import annotations
+
+import itertools
+
+import fastdllm_reference as ref
+import pytest
+import torch
+
+from dllm_ais.config import SamplerConfig
+from dllm_ais.fp8 import quantize_model
+from dllm_ais.fp8.fused_llada import build_fused_llada
+from dllm_ais.likelihood.logprobs import proposal_logprobs
+from dllm_ais.models.kv_cache import KVCache
+from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
+from dllm_ais.samplers.diffusion import diffusion_sample, threshold_commit
+
+MASK, EOS = 4, 1
+TOKENIZER = tiny_tokenizer()
+PROMPTS = ["12+7=", "a much longer prompt!", "x"]
+
+
+def confident_model(seed: int = 3, scale: float = 40.0, dtype=torch.float64):
+    """A random tiny LLaDA whose LM head is scaled so that many proposals are confident (thresholds fire)."""
+    model = tiny_model(seed=seed, dtype=dtype)
+    with torch.no_grad():
+        model.model.transformer.ff_out.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return confident_model()
+
+
+def _encode(prompts):
+    enc = TOKENIZER(prompts, padding=True, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"].bool()
+
+
+def _sample(model, prompts, cfg, seed=0):
+    ids, mask = _encode(prompts)
+    return diffusion_sample(model, ids, mask, cfg, MASK, (EOS,), torch.Generator().manual_seed(seed))
+
+
+SETTINGS = [(16, 8, 8), (24, 8, 12), (16, 16, 8)]  # gen_length, block_length, steps
+CASES = list(itertools.product(("none", "prefix", "dual"), (None, 0.9, 0.6)))
+
+
+@pytest.mark.parametrize("cache,threshold", CASES, ids=[f"{c}-{t}" for c, t in CASES])
+def test_tokens_and_nfe_equal_fastdllm_reference_batch1(model, cache, threshold):
+    reference = ref.ReferenceLLaDA(model)
+    fired = False
+    for gen_length, block_length, steps in SETTINGS:
+        cfg = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps, cache=cache,
+                            threshold=threshold)
+        for prompt in PROMPTS:
+            ids = torch.tensor(TOKENIZER(prompt)["input_ids"])[None]
+            expected, nfe = ref.GENERATORS[cache](reference, ids, steps, gen_length, block_length, MASK, threshold)
+            out = diffusion_sample(model, ids, torch.ones_like(ids, dtype=torch.bool), cfg, MASK, (EOS,))
+            assert torch.equal(out.completion_ids[0], expected[0, ids.shape[1]:]), (prompt, gen_length)
+            assert out.nfe == nfe == out.num_steps, (prompt, gen_length, out.nfe, nfe)
+            assert not (out.completion_ids == MASK).any() and (out.commit_step >= 0).all()
+            fired |= threshold is not None and nfe < gen_length // 2  # parallel commits happened
+    assert fired or threshold is None, "thresholds never fired: the comparison would not test parallel decoding"
+
+
+@pytest.mark.parametrize("cache,threshold", [("none", 0.9), ("prefix", None), ("prefix", 0.7), ("dual", None),
+                                             ("dual", 0.9)])
+def test_batched_rows_equal_their_batch1_results(model, cache, threshold):
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, cache=cache, threshold=threshold)
+    batch = _sample(model, PROMPTS, cfg)
+    assert batch.nfe == batch.num_steps
+    nfes = []
+    for i, prompt in enumerate(PROMPTS):
+        alone = _sample(model, [prompt], cfg)
+        nfes.append(alone.nfe)
+        assert torch.equal(alone.completion_ids[0], batch.completion_ids[i]), prompt
+        if threshold is None:  # fixed schedule: the same steps in a batch as alone
+            assert torch.equal(alone.commit_step[0], batch.commit_step[i])
+            torch.testing.assert_close(alone.logp_rollout[0], batch.logp_rollout[i], atol=1e-5, rtol=0)
+    # rows move block by block together: a batch takes at least as many forwards as its slowest row
+    assert batch.nfe >= max(nfes)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_sampling_is_independent_of_bucket_padding(model, cache):
+    """Extra left padding (as compiled sampling adds) leaves every row's tokens unchanged."""
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, cache=cache, threshold=0.8)
+    ids, mask = _encode(PROMPTS)
+    padded_ids = torch.cat([torch.full((3, 5), EOS), ids], dim=1)
+    padded_mask = torch.cat([torch.zeros(3, 5, dtype=torch.bool), mask], dim=1)
+    a = diffusion_sample(model, ids, mask, cfg, MASK, (EOS,))
+    b = diffusion_sample(model, padded_ids, padded_mask, cfg, MASK, (EOS,))
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.nfe == b.nfe
+
+
+def _copies():
+    master32 = confident_model(seed=5, scale=4.0, dtype=torch.float32)
+    bf16 = confident_model(seed=5, scale=4.0, dtype=torch.bfloat16)
+    return {
+        "master-fp32": (master32, 1e-4),
+        "fp8-per-linear": (quantize_model(master32, backend="torch"), 1e-4),
+        "fused-bf16": (build_fused_llada(bf16, None), 6e-2),
+        "fused-fp8-torch": (build_fused_llada(master32, "torch"), 1e-4),
+    }
+
+
+@pytest.mark.parametrize("name", ["master-fp32", "fp8-per-linear", "fused-bf16", "fused-fp8-torch"])
+def test_cached_window_forward_equals_full_forward(name):
+    """With the cache written from the same canvas, a window forward (prefix window to the end, dual window = one
+    block) gives the full forward's logits at the window's positions, left padding included."""
+    model, tol = _copies()[name]
+    ids, mask = _encode(PROMPTS)
+    B, P = ids.shape
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([ids, torch.randint(5, 100, (B, 16), generator=g)], dim=1)
+    x[:, P + 3:P + 9] = MASK
+    attn = torch.cat([mask, torch.ones(B, 16, dtype=torch.bool)], dim=1)
+    with torch.no_grad():
+        full = model(input_ids=x, attention_mask=attn).logits.float()  # [B, T, V]
+        cache = KVCache.for_model(model, B, x.shape[1])
+        refresh = model(input_ids=x, attention_mask=attn, kv_cache=cache, window_start=0).logits.float()
+        assert torch.equal(refresh, full)
+        s = P + 8
+        for window in (x[:, s:], x[:, s:s + 8]):
+            got = model(input_ids=window, attention_mask=attn, kv_cache=cache, window_start=s,
+                        positions=slice(0, 8)).logits.float()
+            torch.testing.assert_close(got, full[:, s:s + 8], atol=tol * full.abs().max().item(), rtol=0)
+            got_t = model(input_ids=window, attention_mask=attn, kv_cache=cache,
+                          window_start=torch.tensor(s)).logits.float()  # the start as a tensor (compiled path)
+            torch.testing.assert_close(got_t[:, :8], got, atol=1e-6 * full.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("name", ["fp8-per-linear", "fused-fp8-torch"])
+def test_fp8_copies_sample_with_dual_cache_and_threshold(name):
+    model, _ = _copies()[name]
+    cfg = SamplerConfig(gen_length=32, block_length=8, steps=32, cache="dual", threshold=0.5, temperature=1.0)
+    out = _sample(model, PROMPTS, cfg, seed=3)
+    assert not (out.completion_ids == MASK).any() and (out.commit_step >= 0).all()
+    assert out.nfe == out.num_steps == int(out.commit_step.max()) + 1
+    assert torch.isfinite(out.logp_rollout).all() and (out.logp_rollout <= 0).all()
+
+
+def _replayed_logp(model, out, temperature):
+    """log μ(y_j | canvas at y_j's commit step), recomputed: canvas = prompt + tokens with commit_step < t."""
+    B, P = out.prompt_ids.shape
+    got = torch.zeros_like(out.logp_rollout, dtype=torch.float64)
+    for b in range(B):
+        for t in out.commit_step[b].unique().tolist():
+            canvas = torch.where(out.commit_step[b] < t, out.completion_ids[b], MASK)
+            x = torch.cat([out.prompt_ids[b], canvas])[None]
+            attn = torch.cat([out.prompt_mask[b], torch.ones_like(canvas, dtype=torch.bool)])[None]
+            with torch.no_grad():
+                logits = model(input_ids=x, attention_mask=attn, positions=slice(P, None)).logits[0]  # [L, V]
+            lp = proposal_logprobs(logits, out.completion_ids[b], temperature, MASK)
+            at = out.commit_step[b] == t
+            got[b, at] = lp[at].double()
+    return got
+
+
+@pytest.mark.parametrize("remasking,temperature,threshold", [("low_confidence", 1.0, None),
+                                                             ("low_confidence", 0.7, 0.6),
+                                                             ("random", 1.0, None), ("low_confidence", 0.0, 0.9)])
+def test_logp_rollout_equals_a_replay_of_the_recorded_canvases(model, remasking, temperature, threshold):
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, remasking=remasking, temperature=temperature,
+                        threshold=threshold)
+    out = _sample(model, PROMPTS, cfg, seed=2)
+    replay = _replayed_logp(model, out, temperature)
+    assert (out.logp_rollout < 0).any()
+    torch.testing.assert_close(out.logp_rollout.double(), replay, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_logp_is_the_cached_forward_not_a_replay(cache):
+    """With a cache, logp_rollout comes from the cached forward: on the refresh step it equals the replay exactly
+    (the cache is fresh), later steps carry the cache's approximation (small, nonzero somewhere)."""
+    m = confident_model(scale=4.0)
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, temperature=1.0, cache=cache)
+    out = _sample(m, PROMPTS, cfg, seed=4)
+    replay = _replayed_logp(m, out, 1.0)
+    refresh = out.commit_step % 4 == 0  # steps_per_block 4: each block's first step is its refresh
+    torch.testing.assert_close(out.logp_rollout.double()[refresh], replay[refresh], atol=1e-5, rtol=1e-6)
+    diff = (out.logp_rollout.double() - replay)[~refresh].abs()
+    assert diff.max() > 1e-6 and diff.max() < 1.0
+
+
+def test_threshold_commit_matches_fastdllm_get_transfer_index():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        masked = torch.rand(4, 12, generator=g) < 0.6
+        masked[0] = False  # a row with no mask left commits nothing
+        conf = torch.where(masked, torch.rand(4, 12, generator=g, dtype=torch.float64), -torch.inf)
+        ours = threshold_commit(conf, masked, 0.7)
+        for j in range(4):
+            n = int(masked[j].sum())
+            expected = torch.zeros(12, dtype=torch.bool)
+            _, sel = torch.topk(conf[j], k=n)
+            expected[sel] = True
+            for k in range(1, n):
+                if conf[j, sel[k]] < 0.7:
+                    expected[sel[k]] = False
+            assert torch.equal(ours[j], expected)
+
+
+def test_cfg_with_a_cache_is_refused(model):
+    cfg = SamplerConfig(gen_length=8, block_length=8, steps=4, cache="dual", cfg_scale=1.0)
+    with pytest.raises(ValueError, match="--cache none"):
+        _sample(model, PROMPTS, cfg)
