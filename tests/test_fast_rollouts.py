@@ -210,3 +210,32 @@ def test_cfg_with_a_cache_is_refused(model):
     cfg = SamplerConfig(gen_length=8, block_length=8, steps=4, cache="dual", cfg_scale=1.0)
     with pytest.raises(ValueError, match="--cache none"):
         _sample(model, PROMPTS, cfg)
+
+
+def test_sample_cli_flags(capsys):
+    from dllm_ais.cli import main
+
+    assert main(["sample", "--cache", "dual", "--threshold", "0.9", "--gen-length", "16", "--block-length", "8",
+                 "--steps", "8", "--prompt", "12+3="]) == 0
+    assert "### 12+3=" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["sample", "--cache", "full"])
+
+
+def test_eval_cli_flags_reach_the_sampler_and_d1_is_kept_without_them(tmp_path, monkeypatch):
+    import argparse
+
+    from dllm_ais import evaluate as ev
+
+    seen = []
+    monkeypatch.setattr(ev, "evaluate", lambda model, tok, task, sampler, **kw: seen.append(sampler) or {
+        "task": task, "split": "test", "gen_length": sampler.gen_length, "n": 1, "accuracy": 0.0})
+    parser = argparse.ArgumentParser()
+    ev.add_eval_arguments(parser)
+    for extra, cache, threshold in (([], "none", None), (["--cache", "dual", "--threshold", "0.9"], "dual", 0.9)):
+        seen.clear()
+        args = parser.parse_args(["--task", "digits", "--protocol", "strict", "--out", str(tmp_path), *extra])
+        assert ev.cmd_eval(args) == 0
+        assert seen[0].cache == cache and seen[0].threshold == threshold
+    d1 = ev.d1_sampler(64)
+    assert d1.cache == "none" and d1.threshold is None  # d1's sampler unless the flags are given
