@@ -112,15 +112,16 @@ def _compile_on_cpu() -> bool:
     return os.environ.get("DLLM_AIS_COMPILE_CPU") == "1"
 
 
-def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: int, compiled: bool = False,
+def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: int, compiled: int = 0,
             kv_cache: KVCache | None = None, window_start: int = 0) -> torch.Tensor:
     """Logits [B, hi - lo, V] (float32) of input positions lo:hi.
 
     kv_cache None: x is the whole canvas. Else x is the window [window_start, window_start + Tw) of the canvas,
     attention_mask the whole canvas's, lo:hi window coordinates (the model writes the window's K/V into the cache).
-    compiled: through the one compiled step function, with the positions (and the window start) as tensors so every
-    block reuses the same graph (and CUDA graph); the output is copied out of the graph's memory before the next
-    replay."""
+    compiled: 0 = eager; n > 0 = through the one compiled step function, whose graphs a rollout needs n of per prompt
+    bucket (full / refresh / one window shape per block for the prefix cache), with the positions (and the window
+    start) as tensors so every block of a window shape reuses the same graph (and CUDA graph); the output is copied
+    out of the graph's memory before the next replay."""
     if not compiled:
         extra = {} if kv_cache is None else dict(kv_cache=kv_cache, window_start=window_start)
         return model(input_ids=x, attention_mask=attention_mask, positions=slice(lo, hi), **extra).logits.float()
@@ -128,7 +129,7 @@ def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: i
     start = torch.tensor(window_start, device=x.device)
     if x.device.type == "cuda":
         torch.compiler.cudagraph_mark_step_begin()  # each step is a new CUDA-graph generation (outputs copied out)
-    return _run_compiled(model, x, attention_mask, positions, kv_cache, start).to(torch.float32, copy=True)
+    return _run_compiled(model, x, attention_mask, positions, kv_cache, start, compiled).to(torch.float32, copy=True)
 
 
 def _step(model, x: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
@@ -152,15 +153,18 @@ _GAVE_UP: set[str] = set()
 """Device types where dynamo gave up (recompile limit hit): sampling there runs eager, warned once."""
 
 
-def _run_compiled(model, x, attention_mask, positions, kv_cache, window_start) -> torch.Tensor:
+def _run_compiled(model, x, attention_mask, positions, kv_cache, window_start, graphs: int = 1) -> torch.Tensor:
     """The compiled step; if dynamo gives up (recompile limit hit) warn once and run eager from then on, never
-    silently. Graph breaks found while compiling are reported as a warning too (they cost speed, not results)."""
+    silently. Graph breaks found while compiling are reported as a warning too (they cost speed, not results).
+    graphs: distinct graphs one prompt bucket needs; dynamo's recompile_limit is scaled by it (it then counts prompt
+    buckets, not window shapes)."""
     device = x.device.type
     if device in _GAVE_UP:
         return _step(model, x, attention_mask, positions, kv_cache, window_start)
     breaks_before = sum(torch._dynamo.utils.counters["graph_break"].values())
     try:
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        limit = torch._dynamo.config.recompile_limit * graphs
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=limit):
             out = _compiled_step(device)(model, x, attention_mask, positions, kv_cache, window_start)
     except torch._dynamo.exc.FailOnRecompileLimitHit as err:
         _GAVE_UP.add(device)
@@ -210,6 +214,8 @@ def diffusion_sample(
     orig_ids, prompt_mask = prompt_ids, prompt_mask.bool()
     device = prompt_ids.device
     compiled = config.compile and (device.type == "cuda" or _compile_on_cpu())
+    if compiled:  # graphs per prompt bucket: full (no cache) or refresh + window(s)
+        compiled = 1 if config.cache == "none" else 1 + (config.num_blocks if config.cache == "prefix" else 1)
     if compiled:  # one graph per run: bucketed prompt length (left padding changes no real token's result)
         prompt_ids, prompt_mask = pad_prompts_to_bucket(prompt_ids, prompt_mask, mask_token_id)
     B, P = prompt_ids.shape

@@ -7,6 +7,8 @@ On a GPU the compiled rollout is compared with the eager one at T = 0.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -84,6 +86,7 @@ def compile_on_cpu(monkeypatch):
     monkeypatch.setenv("DLLM_AIS_COMPILE_CPU", "1")
     monkeypatch.setattr(diffusion, "_GAVE_UP", set())
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     diffusion._compiled_step.cache_clear()
     yield torch._dynamo.utils.counters
     torch._dynamo.reset()
@@ -123,3 +126,22 @@ def test_compiled_sampler_does_not_recompile_across_prompt_lengths_and_warns_whe
     assert counters["stats"]["unique_graphs"] == graphs
     eager = diffusion.diffusion_sample(model, *_batch(70, 2), eager_cfg, MASK, (EOS,))
     assert torch.equal(third.completion_ids, eager.completion_ids)
+
+
+@pytest.mark.slow
+def test_compiled_prefix_cache_keeps_one_graph_per_window_shape(compile_on_cpu):
+    """The prefix cache needs a refresh graph and one window graph per block (the window shrinks block by block):
+    with recompile_limit 1 the sampler's scaled limit still compiles them all without giving up, the second prompt
+    length compiles nothing, and tokens / NFE / log-probs equal eager sampling."""
+    counters = compile_on_cpu
+    model = tiny_model(seed=0, n_layers=1)
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, compile=True, cache="prefix", threshold=0.3)
+    eager_cfg = SamplerConfig(**{**cfg.__dict__, "compile": False})
+    with torch._dynamo.config.patch(recompile_limit=1), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        outs = [diffusion.diffusion_sample(model, *_batch(P, P), cfg, MASK, (EOS,)) for P in (5, 9)]
+    assert counters["stats"]["unique_graphs"] == 3  # refresh + the windows of blocks 0 and 1
+    for out, P in zip(outs, (5, 9), strict=True):
+        eager = diffusion.diffusion_sample(model, *_batch(P, P), eager_cfg, MASK, (EOS,))
+        assert torch.equal(out.completion_ids, eager.completion_ids) and out.nfe == eager.nfe
+        torch.testing.assert_close(out.logp_rollout, eager.logp_rollout, atol=1e-5, rtol=0)
