@@ -246,3 +246,25 @@ def test_eval_cli_flags_reach_the_sampler_and_d1_is_kept_without_them(tmp_path, 
         assert seen[0].cache == cache and seen[0].threshold == threshold
     d1 = ev.d1_sampler(64)
     assert d1.cache == "none" and d1.threshold is None  # d1's sampler unless the flags are given
+
+
+def test_bench_fast_rollouts_smoke(tmp_path):
+    """scripts/bench_fast_rollouts.py runs end to end at tiny shapes and writes a consistent table."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_fast_rollouts.py"
+    spec = importlib.util.spec_from_file_location("bench_fast_rollouts", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--smoke", "--work", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "smoke" / "results.json").read_text())
+    rows = res["rows"]
+    assert {(r["temperature"], r["cache"], r["threshold"]) for r in rows} >= {(0.0, "dual", 0.9), (1.0, "prefix", None)}
+    for r in rows:
+        if r["rollout"] == "bf16" and r["cache"] == "none" and r["threshold"] is None:
+            assert r["nfe_ratio"] == 1.0 and r["nfe"] == 2 * 16  # two batches × gen 32 / 2 steps
+        if r["rollout"] == "fp8":
+            assert r["ell_std"] > 0 and 0 < r["ess_frac"] <= 1
+    assert "| T | rollout |" in (tmp_path / "smoke" / "README.md").read_text()
