@@ -268,3 +268,11 @@ def test_bench_fast_rollouts_smoke(tmp_path):
         if r["rollout"] == "fp8":
             assert r["ell_std"] > 0 and 0 < r["ess_frac"] <= 1
     assert "| T | rollout |" in (tmp_path / "smoke" / "README.md").read_text()
+
+
+def test_trainer_counts_every_canvas_position_of_a_diffusion_rollout(model):
+    """Diffusion rollouts now carry logp_rollout; the trainer's tokens/s must still count the whole canvas."""
+    from dllm_ais.trainer import generated_tokens
+
+    out = _sample(model, PROMPTS, SamplerConfig(gen_length=16, block_length=8, steps=8, threshold=0.9))
+    assert out.logp_rollout is not None and generated_tokens(out) == out.completion_ids.numel()
