@@ -178,6 +178,29 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write(args, out_dir: Path, steps: int, train_info: dict, results: list[dict], load_start, t_all: float,
+          done: bool) -> dict:
+    """results.json and README.md with the rows so far (rewritten after every row: a killed run keeps them)."""
+    machine = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "threads": args.threads,
+               "torch": torch.__version__, "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+               "total_s": time.perf_counter() - t_all, "complete": done}
+    config = dict(vars(args)) | {"steps": steps}
+    payload = {"config": config, "machine": machine, "train": train_info,
+               "rows": [{k: v for k, v in r.items() if k != "correct"} for r in results]}
+    atomic_write_text(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
+    readme = (f"# Fast-dLLM rollouts on CPU (scripts/bench_fast_rollouts.py)\n\n"
+              f"Model: LLaDA d_model {args.d_model}, {args.layers} layers, {args.heads} heads, MLP {args.mlp} "
+              f"({train_info['n_params'] / 1e6:.2f}M params), SFT {args.sft_steps} steps × {args.sft_batch} on "
+              f"`shift` with {args.digits}-digit strings; gen_length {args.gen_length}, block {args.block_length}, "
+              f"fixed schedule {steps} steps; {args.eval_n} held-out prompts, batch {args.batch_size}.\n"
+              f"Machine: {machine['platform']}, {args.threads} thread(s), load average {load_start[0]:.1f} at start, "
+              f"{machine['loadavg_end'][0]:.1f} at the last row (a shared machine: wall ratios are indicative)."
+              + ("" if done else " **Partial: the run had not finished.**") + "\n\n"
+              + table(results) + "\n\n" + __doc__.split("\n\n", 2)[2] + "\n")
+    atomic_write_text(out_dir / "README.md", readme)
+    return machine
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(REPO / "benchmarks" / "fast_rollouts"))
@@ -263,22 +286,8 @@ def main(argv=None) -> int:
                 f"wall {row['wall_s']:.1f} s ({row['wall_ratio']:.3f}), acc {row['accuracy']:.3f}"
                 + (f", ell std {row['ell_std']:.4f}, ESS {row['ess_frac']:.3f}" if "ell_std" in row else ""))
             results.append(row)
-    machine = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "threads": args.threads,
-               "torch": torch.__version__, "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-               "total_s": time.perf_counter() - t_all}
-    config = {k: v for k, v in vars(args).items()} | {"steps": steps}
-    payload = {"config": config, "machine": machine, "train": train_info,
-               "rows": [{k: v for k, v in r.items() if k != "correct"} for r in results]}
-    atomic_write_text(out_dir / "results.json", json.dumps(payload, indent=2) + "\n")
-    readme = (f"# Fast-dLLM rollouts on CPU (scripts/bench_fast_rollouts.py)\n\n"
-              f"Model: LLaDA d_model {args.d_model}, {args.layers} layers, {args.heads} heads, MLP {args.mlp} "
-              f"({train_info['n_params'] / 1e6:.2f}M params), SFT {args.sft_steps} steps × {args.sft_batch} on "
-              f"`shift` with {args.digits}-digit strings; gen_length {args.gen_length}, block {args.block_length}, "
-              f"fixed schedule {steps} steps; {args.eval_n} held-out prompts, batch {args.batch_size}.\n"
-              f"Machine: {machine['platform']}, {args.threads} thread(s), load average {load_start[0]:.1f} at start, "
-              f"{machine['loadavg_end'][0]:.1f} at end (a shared machine: wall ratios are indicative).\n\n"
-              + table(results) + "\n\n" + __doc__.split("\n\n", 2)[2] + "\n")
-    atomic_write_text(out_dir / "README.md", readme)
+            write(args, out_dir, steps, train_info, results, load_start, t_all, done=False)
+    machine = write(args, out_dir, steps, train_info, results, load_start, t_all, done=True)
     log(f"wrote {out_dir}/results.json and README.md in {machine['total_s']:.0f} s")
     return 0
 
