@@ -78,8 +78,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.T
     return F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=attn_bias, is_causal=False)
 
 
-def window_rope_positions(attention_mask: torch.Tensor | None, index: torch.Tensor, batch: int,
-                          length: int) -> torch.Tensor:
+def window_rope_positions(attention_mask: torch.Tensor | None, index: torch.Tensor, batch: int) -> torch.Tensor:
     """RoPE positions [B, Tw] of a window: real-token positions of the full canvas (left padding skipped).
 
     attention_mask [B, T] over the whole canvas (None = no padding), index [Tw] the window's canvas positions."""

@@ -107,6 +107,10 @@ def _copy(name: str):
         return quantize_model(master32, backend="torch"), 1e-4
     if name == "fused-fp8-torch":
         return build_fused_llada(master32, "torch"), 1e-4
+    if name == "fp4-per-linear":
+        from dllm_ais.fp4 import quantize_model as quantize_fp4
+
+        return quantize_fp4(master32, "nvfp4"), 1e-4
     bf16 = confident_model(seed=5, scale=4.0, dtype=torch.bfloat16)
     if name == "fused-bf16":
         return build_fused_llada(bf16, None), 6e-2
@@ -115,8 +119,8 @@ def _copy(name: str):
     return build_fused_llada(bf16, "triton"), 6e-2  # Triton producers + GEMM (interpreter on CPU)
 
 
-@pytest.mark.parametrize("name", ["master-fp32", "fp8-per-linear", "fused-bf16", "fused-fp8-torch",
-                                  "fused-fp8-triton"])
+@pytest.mark.parametrize("name", ["master-fp32", "fp8-per-linear", "fp4-per-linear", "fused-bf16",
+                                  "fused-fp8-torch", "fused-fp8-triton"])
 def test_cached_window_forward_equals_full_forward(name):
     """With the cache written from the same canvas, a window forward (prefix window to the end, dual window = one
     block) gives the full forward's logits at the window's positions, left padding included."""
@@ -142,8 +146,8 @@ def test_cached_window_forward_equals_full_forward(name):
             torch.testing.assert_close(got_t[:, :8], got, atol=1e-6 * full.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize("name", ["fp8-per-linear", "fused-fp8-torch"])
-def test_fp8_copies_sample_with_dual_cache_and_threshold(name):
+@pytest.mark.parametrize("name", ["fp8-per-linear", "fp4-per-linear", "fused-fp8-torch"])
+def test_quantized_copies_sample_with_dual_cache_and_threshold(name):
     model, _ = _copy(name)
     cfg = SamplerConfig(gen_length=32, block_length=8, steps=32, cache="dual", threshold=0.5, temperature=1.0)
     out = _sample(model, PROMPTS, cfg, seed=3)

@@ -161,7 +161,7 @@ class FusedLLaDA(nn.Module):
         index = None
         if kv_cache is not None:  # input_ids: the window [s, s + Tw) of the canvas (models/kv_cache.py)
             index = window_index(window_start, input_ids.shape[1], input_ids.device)  # [Tw]
-            pos = window_rope_positions(attention_mask, index, input_ids.shape[0], kv_cache.length)
+            pos = window_rope_positions(attention_mask, index, input_ids.shape[0])
             attn_bias = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # [B, 1, 1, T]
         elif attention_mask is None:
             pos = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
