@@ -119,8 +119,8 @@ def _copy(name: str):
     return build_fused_llada(bf16, "triton"), 6e-2  # Triton producers + GEMM (interpreter on CPU)
 
 
-@pytest.mark.parametrize("name", ["master-fp32", "fp8-per-linear", "fp4-per-linear", "fused-bf16",
-                                  "fused-fp8-torch", "fused-fp8-triton"])
+@pytest.mark.parametrize("name", ["master-fp32", "fp8-per-linear", "fp4-per-linear", "fused-bf16", "fused-fp8-torch",
+                                  pytest.param("fused-fp8-triton", marks=pytest.mark.slow)])  # interpreter: ~10-20 s
 def test_cached_window_forward_equals_full_forward(name):
     """With the cache written from the same canvas, a window forward (prefix window to the end, dual window = one
     block) gives the full forward's logits at the window's positions, left padding included."""
