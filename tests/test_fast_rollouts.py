@@ -23,9 +23,9 @@ TOKENIZER = tiny_tokenizer()
 PROMPTS = ["12+7=", "a much longer prompt!", "x"]
 
 
-def confident_model(seed: int = 3, scale: float = 40.0, dtype=torch.float64):
+def confident_model(seed: int = 3, scale: float = 40.0, dtype=torch.float64, **overrides):
     """A random tiny LLaDA whose LM head is scaled so that many proposals are confident (thresholds fire)."""
-    model = tiny_model(seed=seed, dtype=dtype)
+    model = tiny_model(seed=seed, dtype=dtype, **overrides)
     with torch.no_grad():
         model.model.transformer.ff_out.weight.mul_(scale)
     return model
@@ -280,3 +280,28 @@ def test_trainer_counts_every_canvas_position_of_a_diffusion_rollout(model):
 
     out = _sample(model, PROMPTS, SamplerConfig(gen_length=16, block_length=8, steps=8, threshold=0.9))
     assert out.logp_rollout is not None and generated_tokens(out) == out.completion_ids.numel()
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_one_layer_caches_are_exact(cache):
+    """In a 1-layer model a position's K/V depend on its own token only, and the positions a cache keeps stale (the
+    prefix, or the still-masked positions after the block) do not change within a block: the cache is exact, so
+    batched, left-padded sampling at T = 1 (same RNG draws) gives the uncached tokens, steps and log-probs."""
+    m = confident_model(seed=7, scale=4.0, n_layers=1)
+    for threshold, temperature in ((None, 1.0), (0.5, 0.0)):
+        cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, temperature=temperature, threshold=threshold)
+        ref_out = _sample(m, PROMPTS, cfg, seed=9)
+        out = _sample(m, PROMPTS, SamplerConfig(**{**cfg.__dict__, "cache": cache}), seed=9)
+        assert torch.equal(out.completion_ids, ref_out.completion_ids)
+        if threshold is None:
+            assert torch.equal(out.commit_step, ref_out.commit_step)
+            torch.testing.assert_close(out.logp_rollout, ref_out.logp_rollout, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_one_step_per_block_is_the_refresh_only(model, cache):
+    """steps = num_blocks: each block is one refresh forward, a full forward: identical to the uncached sampler."""
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=2, temperature=1.0)
+    a = _sample(model, PROMPTS, cfg, seed=5)
+    b = _sample(model, PROMPTS, SamplerConfig(**{**cfg.__dict__, "cache": cache}), seed=5)
+    assert b.nfe == 2 and torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.commit_step, b.commit_step)
