@@ -93,6 +93,12 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remasking", default=None, choices=["low_confidence", "random"],
                    help="which masked positions each step commits: the most confident ones, or random ones")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
+    p.add_argument("--cache", default=None, choices=["none", "prefix", "dual"],
+                   help="Fast-dLLM block KV cache: none (every step a full forward), prefix (one refresh forward per "
+                   "block caches what precedes it), dual (later steps recompute the current block only)")
+    p.add_argument("--threshold", type=float, default=None, metavar="F",
+                   help="Fast-dLLM parallel decoding: each step commits every masked token of the block with "
+                   "confidence >= F (and at least one), in (0, 1]; default: the fixed schedule")
 
 
 def _add_correction_args(p: argparse.ArgumentParser) -> None:
@@ -172,7 +178,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
         block_length = args.gen_length  # a one-block preset (tiny-cpu) stays one block at another length
     sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
-                           cfg_scale=args.cfg_scale)
+                           cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold)
+    if model_cfg.family != "llada" and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
+        raise ValueError("--cache/--threshold apply to diffusion (LLaDA) sampling only; drop them for this model.")
     if args.fp8 and args.fp4:
         raise ValueError("use --fp8 or --fp4, not both")
     if args.fp8:

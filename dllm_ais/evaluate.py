@@ -121,6 +121,7 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
     model.eval()
     completions: list[str] = []
     lengths: list[int] = []
+    nfe = 0
     t0 = time.perf_counter()
     batches = progress_bar(range(0, len(rows), batch_size), enabled=progress,
                            desc=f"eval {task_name} L={sampler.gen_length}", unit="batch")
@@ -130,6 +131,7 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
                                        device=device, assistant_prefix=prefix)  # [b, P] left-padded
             generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + start)
             rollout = backend.sample(model, ids, mask, generator)
+            nfe += rollout.nfe if rollout.nfe is not None else rollout.num_steps
             for comp, keep in zip(rollout.completion_ids, rollout.completion_mask, strict=True):  # [L], [L]
                 if protocol == "d1":  # d1 eval.py: the whole window, special tokens kept
                     completions.append(tokenizer.decode(comp, skip_special_tokens=False))
@@ -148,7 +150,8 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         "task": task_name, "split": split, "protocol": protocol, "n": n, "accuracy": accuracy,
         "full_reward_frac": sum(r >= 1.0 for r in rewards) / n, "gen_length": sampler.gen_length,
         "block_length": sampler.block_length, "steps": sampler.steps, "temperature": sampler.temperature,
-        "remasking": sampler.remasking, "chat_template": chat,
+        "remasking": sampler.remasking, "cache": sampler.cache, "threshold": sampler.threshold,
+        "nfe": nfe, "chat_template": chat,
         "mean_completion_tokens": sum(lengths) / n, "batch_size": batch_size, "seed": seed, "data_path": data_path,
         "limit": limit, "seconds": seconds, **(meta or {}),
     }
@@ -454,6 +457,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help="strict (default): the task's prompt and strict reward. d1: d1's prompts (system prompt, "
                              "'<reasoning>' opening), block 32, steps L/2, d1's answer parsing; Sudoku scores cell "
                              "accuracy (gsm8k, math500, countdown, sudoku)")
+    parser.add_argument("--cache", default=None, choices=["none", "prefix", "dual"],
+                        help="Fast-dLLM block KV cache for the sampler: none (full forwards), prefix (cache before the "
+                             "block), dual (cache before and after the block). Default: the protocol's sampler "
+                             "(none; --protocol d1 stays d1's sampler unless this is given)")
+    parser.add_argument("--threshold", type=float, default=None, metavar="F",
+                        help="Fast-dLLM parallel decoding: commit every masked token of the block with confidence "
+                             ">= F (and at least one) per step, in (0, 1]. Default: the fixed schedule")
     parser.add_argument("--score-file", action="append", default=None, metavar="FILE",
                         help="rescore saved generations without a model (d1's *_generations.json or our "
                              "generations.jsonl; repeatable, pooled); needs --task")
@@ -495,6 +505,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         samplers = [d1_sampler(L or preset.sampler.gen_length) for L in lengths]
     else:
         samplers = [eval_sampler(preset, L) for L in lengths]
+    if preset.model.family != "llada" and (args.cache not in (None, "none") or args.threshold is not None):
+        raise ValueError("--cache/--threshold apply to diffusion (LLaDA) models only; drop them for this model.")
+    samplers = [override(s, cache=args.cache, threshold=args.threshold) for s in samplers]  # None: unchanged
     results = []
     for sampler in samplers:
         tag = "-d1" if args.protocol == "d1" else ""

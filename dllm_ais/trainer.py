@@ -38,10 +38,10 @@ of every process is weighted by its share of the tokens of all processes)."""
 
 
 def generated_tokens(rollout) -> int:
-    """Tokens the sampler generated: an autoregressive sampler (one that records `logp_rollout`) stops each row at its
-    stop token and pads the rest (its counted tokens, the stop token included, are what it generated); a diffusion
-    sampler fills every completion position of the canvas."""
-    if rollout.logp_rollout is not None:
+    """Tokens the sampler generated: an autoregressive sampler (one that records `logp_rollout` and no `nfe`) stops
+    each row at its stop token and pads the rest (its counted tokens, the stop token included, are what it
+    generated); a diffusion sampler (it reports `nfe`) fills every completion position of the canvas."""
+    if rollout.logp_rollout is not None and rollout.nfe is None:
         return int(rollout.completion_mask.sum())
     return rollout.completion_ids.numel()
 

@@ -19,6 +19,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
 
+from .kv_cache import KVCache, attend, window_index, window_rope_positions
+
 
 class LLaDAConfig(PretrainedConfig):
     """LLaDA configuration with the official config.json field names.
@@ -135,14 +137,16 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, h, bias=False)
         self.ff_out = nn.Linear(h, d, bias=False)  # down
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_bias: torch.Tensor | None):
-        # x [B, T, d]; attn_bias None or bool [B, 1, 1, T] (True = key may be attended)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_bias: torch.Tensor | None,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None, index: torch.Tensor | None = None):
+        # x [B, T, d]; attn_bias None or bool [B, 1, 1, T_keys] (True = key may be attended); kv/index: this layer's
+        # KV cache [B, H, T_keys, D] and the window's slots [T] in it (kv_cache.attend), or None
         B, T, d = x.shape
         hx = self.attn_norm(x)
         q, k, v = (proj(hx).view(B, T, self.n_heads, -1).transpose(1, 2) for proj in (self.q_proj, self.k_proj,
                                                                                        self.v_proj))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [B, H, T, D]
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, is_causal=False)
+        att = attend(q, k, v, attn_bias, kv, index)
         x = x + self.attn_out(att.transpose(1, 2).reshape(B, T, d))
         hx = self.ff_norm(x)
         return x + self.ff_out(F.silu(self.ff_proj(hx)) * self.up_proj(hx))
@@ -164,10 +168,16 @@ class LLaDATransformer(nn.Module):
         ))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                positions: torch.Tensor | None) -> torch.Tensor:
+                positions: torch.Tensor | None, kv_cache: KVCache | None = None,
+                window_start: int | torch.Tensor = 0) -> torch.Tensor:
         t = self.transformer
         x = t.wte(input_ids)  # [B, T, d]
-        if attention_mask is None:
+        index = None
+        if kv_cache is not None:  # input_ids is the window [s, s + Tw) of a canvas of kv_cache.length positions
+            index = window_index(window_start, input_ids.shape[1], input_ids.device)  # [Tw]
+            pos = window_rope_positions(attention_mask, index, input_ids.shape[0])
+            attn_bias = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # [B, 1, 1, T]
+        elif attention_mask is None:
             pos = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
             attn_bias = None
         else:
@@ -176,8 +186,10 @@ class LLaDATransformer(nn.Module):
             pos = (keep.long().cumsum(-1) - 1).clamp(min=0)
             attn_bias = keep[:, None, None, :]  # [B, 1, 1, T]
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta)
-        for block in t.blocks:
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+        for i, block in enumerate(t.blocks):
+            if kv_cache is not None:
+                x = block(x, cos, sin, attn_bias, kv_cache.layer(i), index)
+            elif self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 ckpt = getattr(self, "_gradient_checkpointing_func", None) or (
                     lambda f, *a: checkpoint(f, *a, use_reentrant=False))
                 x = ckpt(block.__call__, x, cos, sin, attn_bias)
@@ -236,10 +248,15 @@ class LLaDAModelLM(PreTrainedModel):
         return self.config.mask_token_id
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | slice | None = None, **kwargs) -> LLaDAOutput:
+                positions: torch.Tensor | slice | None = None, kv_cache: KVCache | None = None,
+                window_start: int | torch.Tensor = 0, **kwargs) -> LLaDAOutput:
+        """kv_cache None: input_ids is the whole canvas (today's forward). Else input_ids [B, Tw] is the window
+        [window_start, window_start + Tw) of a canvas of kv_cache.length positions, attention_mask [B, T] the whole
+        canvas's mask; the window's K/V are written into the cache and it attends over every cached position
+        (models/kv_cache.py); positions then index the window."""
         if kwargs.get("labels") is not None:
             raise ValueError("LLaDAModelLM computes no loss; use dllm_ais.likelihood for diffusion objectives.")
-        return LLaDAOutput(logits=self.model(input_ids, attention_mask, positions))
+        return LLaDAOutput(logits=self.model(input_ids, attention_mask, positions, kv_cache, window_start))
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")

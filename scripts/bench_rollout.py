@@ -116,15 +116,16 @@ def measure(model, batch: int, gen_length: int, compiled: bool, args, device: to
     """Timings and memory of diffusion_sample for one (batch, gen_length) (see the module docstring)."""
     config = model.config
     cfg = SamplerConfig(gen_length=gen_length, block_length=args.block_length, steps=gen_length // 2,
-                        temperature=args.temperature, compile=compiled)
-    warmup = replace(cfg, steps=cfg.num_blocks)  # same shapes as the timed call, one forward per block
+                        temperature=args.temperature, compile=compiled, cache=args.cache)
+    # same shapes as the timed call: one forward per block (with a cache: the refresh and one cached step per block)
+    warmup = replace(cfg, steps=cfg.num_blocks * (1 if args.cache == "none" else 2))
     g = torch.Generator(device=device).manual_seed(1000 * batch + gen_length)
     ids, mask = random_prompts(batch, args.prompt_len, config.embedding_size, config.mask_token_id, g, device)
     with bench_env.cuda_memory(device) as memory:  # peak over warm-up and timed calls (CUDA-graph pools included)
         warmup_s = _timed_rollout(model, ids, mask, warmup, g)
         total = statistics.median(_timed_rollout(model, ids, mask, cfg, g) for _ in range(args.repeats))
     return {"total_s": total, "tokens_per_s": batch * gen_length / total, "step_ms": total / cfg.steps * 1e3,
-            "warmup_s": warmup_s, **memory}
+            "warmup_s": warmup_s, "cache": args.cache, **memory}
 
 
 class Variant(NamedTuple):
@@ -303,6 +304,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-length", type=int, help="semi-autoregressive block (default 32; smoke 8)")
     parser.add_argument("--prompt-len", type=int, help="prompt tokens (default 64; smoke 8)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    parser.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
+                        help="Fast-dLLM block KV cache for every row (same NFE, cheaper steps; thresholds are not "
+                        "offered: random weights are never confident)")
     parser.add_argument("--backends", nargs="+",
                         help="FP8 backends (default: every backend but the torch reference; smoke torch scaled_mm "
                              "torchao)")

@@ -37,9 +37,9 @@ import contextlib
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from dllm_ais.models.kv_cache import KVCache, attend, window_index, window_rope_positions
 from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, LLaDAOutput, RMSNorm
 
 from . import backends, producers
@@ -116,7 +116,7 @@ class FusedLLaDABlock(nn.Module):
         return [(name, i * size) for i, name in enumerate(FUSED_PARTS[fused])]
 
 
-def _block_fp8_producers(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias):
+def _block_fp8_producers(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias, kv=None, index=None):
     """FP8 block whose producers emit codes + scales. x [B, T, d] -> [B, T, d]."""
     B, T, d = x.shape
     dtype = x.dtype
@@ -124,7 +124,7 @@ def _block_fp8_producers(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias):
     qkv = blk.qkv.forward_quantized(*impl.rmsnorm_quant(x2, blk.attn_norm.weight, blk.attn_norm.eps), dtype)
     q, k, v = (qkv[:, i * blk.dp:i * blk.dp + d].view(B, T, blk.n_heads, -1) for i in range(3))  # [B, T, H, D] views
     q, k = impl.rope(q, cos, sin), impl.rope(k, cos, sin)  # [B, H, T, D]
-    att = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), attn_mask=attn_bias, is_causal=False)
+    att = attend(q, k, v.transpose(1, 2), attn_bias, kv, index)  # kv: this layer's KV cache or None
     x2 = x2 + blk.attn_out.forward_quantized(*impl.attn_out_quant(att), dtype)
     gu = blk.gate_up.forward_quantized(*impl.rmsnorm_quant(x2, blk.ff_norm.weight, blk.ff_norm.eps), dtype)
     mq, ms = impl.silu_mul_quant(gu[:, :blk.h], gu[:, blk.hp:blk.hp + blk.h])
@@ -132,14 +132,14 @@ def _block_fp8_producers(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias):
     return x2.view(B, T, d)
 
 
-def _block_plain(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias):
+def _block_plain(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias, kv=None, index=None):
     """Fused block on bf16 producer outputs (the BF16 copy; FP8 backends that quantise for themselves)."""
     B, T, d = x.shape
     x2 = x.reshape(B * T, d)
     qkv = blk.qkv(producers.rms_norm(x2, blk.attn_norm.weight, blk.attn_norm.eps))  # [B·T, 3·d']
     q, k, v = (qkv[:, i * blk.dp:i * blk.dp + d].view(B, T, blk.n_heads, -1) for i in range(3))
     q, k = producers.apply_rope(q, cos, sin), producers.apply_rope(k, cos, sin)
-    att = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), attn_mask=attn_bias, is_causal=False)
+    att = attend(q, k, v.transpose(1, 2), attn_bias, kv, index)  # kv: this layer's KV cache or None
     x2 = x2 + blk.attn_out(producers.attn_merge(att))
     gu = blk.gate_up(producers.rms_norm(x2, blk.ff_norm.weight, blk.ff_norm.eps))  # [B·T, 2·h']
     x2 = x2 + blk.ff_out(producers.silu_mul(gu[:, :blk.h], gu[:, blk.hp:blk.hp + blk.h]))
@@ -178,10 +178,17 @@ class FusedLLaDA(nn.Module):
         return self.lm_head
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | slice | None = None, **kwargs) -> LLaDAOutput:
-        """input_ids [B, T], attention_mask [B, T] (1 = real token), positions as LLaDAModelLM -> logits [B, P, V]."""
+                positions: torch.Tensor | slice | None = None, kv_cache: KVCache | None = None,
+                window_start: int | torch.Tensor = 0, **kwargs) -> LLaDAOutput:
+        """input_ids [B, T], attention_mask [B, T] (1 = real token), positions, kv_cache and window_start as
+        LLaDAModelLM's -> logits [B, P, V]."""
         x = self.wte(input_ids)  # [B, T, d]
-        if attention_mask is None:
+        index = None
+        if kv_cache is not None:  # input_ids: the window [s, s + Tw) of the canvas (models/kv_cache.py)
+            index = window_index(window_start, input_ids.shape[1], input_ids.device)  # [Tw]
+            pos = window_rope_positions(attention_mask, index, input_ids.shape[0])
+            attn_bias = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # [B, 1, 1, T]
+        elif attention_mask is None:
             pos = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
             attn_bias = None
         else:
@@ -190,8 +197,9 @@ class FusedLLaDA(nn.Module):
             attn_bias = keep[:, None, None, :]  # [B, 1, 1, T]
         cos, sin = producers.rope_tables(pos, self.config.head_dim, self.config.rope_theta)  # [B, T, D/2]
         block_forward = BLOCK_FORWARDS[self.variant]
-        for block in self.blocks:
-            x = block_forward(block, self._impl, x, cos, sin, attn_bias)
+        for i, block in enumerate(self.blocks):
+            kv = None if kv_cache is None else kv_cache.layer(i)
+            x = block_forward(block, self._impl, x, cos, sin, attn_bias, kv, index)
         if positions is not None:
             x = x[:, positions] if isinstance(positions, slice) else x.gather(
                 1, positions[..., None].expand(-1, -1, x.shape[-1]))
