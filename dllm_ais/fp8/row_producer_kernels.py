@@ -19,9 +19,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
 from .kernels import INTERPRET, _round_to_bf16, _round_to_e4m3, _scale_from_amax
+from .producer_kernels import _register  # triton_op on GPU, custom_op + fake under the interpreter
 from .quant import FP8_DTYPE
 
 _ROWS = 16 if INTERPRET else 1  # rows per program (the interpreter's cost is per program)
@@ -127,20 +128,6 @@ def aot_launches(M: int, d: int, h: int, n_heads: int, head_dim: int, seq: int) 
 
 def _empty(M: int, K: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty((M, K), dtype=FP8_DTYPE, device=device), torch.empty((M, 1), dtype=torch.float32, device=device)
-
-
-def _register(name: str, fake):
-    """A triton_op (torch.compile traces into the kernel); under the interpreter a custom_op with `fake` as its meta
-    function (wrap_triton cannot trace there), as producer_kernels does."""
-
-    def wrap(fn):
-        if not INTERPRET:
-            return triton_op(name, mutates_args={})(fn)
-        op = torch.library.custom_op(name, mutates_args=())(fn)
-        op.register_fake(fake)
-        return op
-
-    return wrap
 
 
 def _check_model_dtype(name: str, t: torch.Tensor) -> None:
