@@ -243,13 +243,14 @@ class Trainer:
         with self._train_forward():
             return [backend.token_logp(self.master, rollout, s) for s in seeds]
 
-    def _correction(self, rollout, adv, logp_old: torch.Tensor, seed: int) -> tuple[CorrectionOutput, dict]:
-        """ℓ, ω and every mismatch diagnostic of the step. logp_old [B, L] is π_old under the logp seed `seed`."""
+    def _correction(self, rollout, adv, logp_old: torch.Tensor, seed: int
+                    ) -> tuple[CorrectionOutput, dict, torch.Tensor]:
+        """ℓ, ω, every mismatch diagnostic of the step, and log μ [B, L] (the rollout policy's per-token log-probs
+        under the same masks, for the loss's off-policy mask). logp_old [B, L] is π_old under the logp seed `seed`."""
         cc, backend, mask = self.cfg.correction, self.policy.backend, rollout.completion_mask
         with torch.no_grad():
             same = cc.bypass or self.rollout_model is self.master  # μ = π_old by construction
             logp_roll = logp_old if same else backend.rollout_token_logp(self.rollout_model, rollout, seed)
-            self._logp_rollout = logp_roll  # log μ for the off-policy mask (GRPOConfig.off_policy_mask_threshold)
             token_log_w = torch.where(mask, logp_old - logp_roll, 0)  # [B, L]
             if cc.bypass:
                 log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)  # zeros
@@ -281,7 +282,7 @@ class Trainer:
         # over the rows of every process: λ is the global batch's, identical on every rank
         corr = correct_global(self.acc, log_w, adv, mask, cc, prev_lam=self.prev_lam, token_log_w=token_log_w)
         metrics.update(corr.metrics())
-        return corr, metrics
+        return corr, metrics, logp_roll
 
     def _ref_logp(self, rollout, seed):
         if self.ref_model is not None:
@@ -396,7 +397,7 @@ class Trainer:
         logp_old = self._old_logp(rollout, seeds)
         row[M.time_key("old_logp")] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        corr, corr_metrics = self._correction(rollout, adv, logp_old[0], seeds[0])
+        corr, corr_metrics, logp_roll = self._correction(rollout, adv, logp_old[0], seeds[0])
         row.update(corr_metrics)
         loss_mask = rejected_loss_mask(corr.omega, loss_mask, cfg.correction)  # rejected=drop: out of the mask (verl)
         row[M.time_key("mismatch")] = time.perf_counter() - t1
@@ -407,7 +408,7 @@ class Trainer:
         losses = []
         for it, seed in enumerate(seeds):
             out = self._update(rollout, adv, corr.omega, logp_old[it], None if logp_ref is None else logp_ref[it],
-                               seed, loss_mask)
+                               seed, loss_mask, logp_roll)
             if out is not None:
                 losses.append(out)
         row[M.time_key("update")] = time.perf_counter() - t2
@@ -423,8 +424,9 @@ class Trainer:
         row[M.time_key("step")] = time.perf_counter() - t0
         return row
 
-    def _update(self, rollout, adv, omega, logp_old, logp_ref, seed, mask) -> dict[str, float] | None:
-        """One optimizer update over the batch (micro-batched); None if the loss was not finite (skipped)."""
+    def _update(self, rollout, adv, omega, logp_old, logp_ref, seed, mask, logp_roll) -> dict[str, float] | None:
+        """One optimizer update over the batch (micro-batched); None if the loss was not finite (skipped).
+        logp_roll [B, L]: log μ under the first iteration's masks (GRPOConfig.off_policy_mask_threshold reads it)."""
         cfg, backend = self.cfg, self.policy.backend
         self.model.train()
         B = adv.shape[0]
@@ -445,7 +447,7 @@ class Trainer:
                     logp = backend.token_logp(self.model, rollout, seed, rows=idx)
                 out = grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo,
                                 weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx],
-                                logp_rollout=self._logp_rollout[idx],  # μ under the first iteration's masks
+                                logp_rollout=logp_roll[idx],
                                 bypass_correction=cfg.correction if cfg.correction.bypass else None)
                 # Each chunk's loss is a mean over its sequences (grpo, dr_grpo) or its tokens (bnpo, dapo); weight it
                 # by its share of the batch's sequences or tokens, so the sum equals the full-batch loss.

@@ -226,6 +226,7 @@ def test_trajectory_is_the_exact_path_ratio_and_an_unbiased_weight():
     many.prompt_ids, many.prompt_mask = ids[rows], mask[rows]
     many.completion_ids, many.completion_mask = rollout.completion_ids[rows], rollout.completion_mask[rows]
     many.commit_step = commit
+    many.logp_rollout = None  # orders the sampler never drew: μ is replayed on them, not read from its record
     ell = trajectory_log_ratio(model, mu, many, temperature=1.0, mask_token_id=mask_id).log_ratio.double()
     path_mu = torch.stack([_path_logprob(lp_mu, o) for o in orders], 1).flatten()  # [B * 24]
     post = (path_mu.view(B, -1) - _exact_log_prob(lp_mu)[:, None])  # log μ(σ | y)

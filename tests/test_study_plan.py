@@ -44,6 +44,7 @@ train = { fp4_format = "mxfp4" }
 name = "fast"
 rollout_precision = "fp8"
 sampler = { threshold = 0.9 }
+train = { mismatch_estimator = "trajectory" }  # the ELBO ratio cannot see threshold decoding (refused)
 requires = ["dllm_ais.no_such_module:thing"]
 """
 
