@@ -335,7 +335,7 @@ PRESETS: dict[str, Preset] = {
         Preset("tiny-qwen", "Tiny autoregressive Qwen3 on CPU: SFT warm-up on digits, AIS-GRPO with FP8 rollouts.",
                ModelConfig(family="qwen"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=100, prompts_per_step=16,
-                           learning_rate=5e-4, sft_steps=20),
+                           learning_rate=1e-3, sft_steps=40),
                GRPOConfig(num_generations=8, beta=0.04, max_completion_length=5, num_iterations=2),
                CorrectionConfig(correction_level="token")),
         _qwen("qwen3-8b-gsm8k", "gsm8k", "Qwen3-8B AIS-GRPO on GSM8K with FP8 rollouts (token-level AIS)."),
