@@ -47,14 +47,20 @@ def launch(out: Path, tmp: Path, steps: int = 2, num_processes: int = 2,
                 "--main_process_port", str(free_port())]
     cmd = [*(launcher if num_processes > 1 else [sys.executable]), str(SCRIPT), str(out), "--steps", str(steps),
            *extra]
+    return run_launch(cmd, tmp, TIMEOUT_S)
+
+
+def run_launch(cmd: list[str], tmp: Path, timeout_s: float) -> tuple[subprocess.CompletedProcess, float]:
+    """Run a launch command in `tmp` with one torch thread per process and an HF_HOME inside tmp (no user accelerate
+    config changes it); fail the test with the launch's output if it outlasts `timeout_s`. (process, seconds)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(tmp / "hf_home"), HF_HUB_OFFLINE="1",
                PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=tmp)
     except subprocess.TimeoutExpired as e:
         output = "\n".join(x.decode() if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
-        pytest.fail(f"accelerate launch did not finish in {TIMEOUT_S} s; its output:\n{output[-20000:]}")
+        pytest.fail(f"the launch did not finish in {timeout_s} s; its output:\n{output[-20000:]}")
     return proc, time.perf_counter() - t0
 
 

@@ -9,18 +9,15 @@ import itertools
 import fastdllm_reference as ref
 import pytest
 import torch
+from test_sampler import EOS, MASK, PROMPTS, TOKENIZER, _encode, _sample  # the same tiny vocabulary and helpers
 
 from dllm_ais.config import SamplerConfig
 from dllm_ais.fp8 import available_backends, quantize_model
 from dllm_ais.fp8.fused_llada import build_fused_llada
 from dllm_ais.likelihood.logprobs import proposal_logprobs
 from dllm_ais.models.kv_cache import KVCache
-from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
+from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers.diffusion import diffusion_sample, threshold_commit
-
-MASK, EOS = 4, 1
-TOKENIZER = tiny_tokenizer()
-PROMPTS = ["12+7=", "a much longer prompt!", "x"]
 
 
 def confident_model(seed: int = 3, scale: float = 40.0, dtype=torch.float64, **overrides):
@@ -35,15 +32,6 @@ def confident_model(seed: int = 3, scale: float = 40.0, dtype=torch.float64, **o
 def model():
     return confident_model()
 
-
-def _encode(prompts):
-    enc = TOKENIZER(prompts, padding=True, return_tensors="pt")
-    return enc["input_ids"], enc["attention_mask"].bool()
-
-
-def _sample(model, prompts, cfg, seed=0):
-    ids, mask = _encode(prompts)
-    return diffusion_sample(model, ids, mask, cfg, MASK, (EOS,), torch.Generator().manual_seed(seed))
 
 
 SETTINGS = [(16, 8, 8), (24, 8, 12), (16, 16, 8)]  # gen_length, block_length, steps

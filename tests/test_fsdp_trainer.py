@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import free_port
+from test_distributed import free_port, run_launch
 
 from dllm_ais import metrics as M
 
@@ -52,17 +49,10 @@ def launch(tmp: Path, args: list[str], num_processes: int = 2, mixed_precision: 
                 str(num_processes), "--num_machines", "1", "--mixed_precision", mixed_precision,
                 "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     cmd = [*(launcher if num_processes > 1 else [sys.executable]), str(SCRIPT), *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(tmp / "hf_home"), HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1")
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp)
-    except subprocess.TimeoutExpired as e:
-        output = "\n".join(x.decode() if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
-        pytest.fail(f"the launch did not finish in {TIMEOUT_S} s; its output:\n{output[-20000:]}")
+    proc, seconds = run_launch(cmd, tmp, TIMEOUT_S)
     output = f"$ {' '.join(cmd)}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
     assert proc.returncode == 0, output[-20000:]
-    return time.perf_counter() - t0
+    return seconds
 
 
 def _ranks(out: Path, world: int) -> list[dict]:
