@@ -80,6 +80,8 @@ def test_train_sets_the_default_thread_count(monkeypatch, tmp_path):
     (["--correction", "band", "--band", "0.5", "0.9"], ["--band"]),
     (["--data", "."], ["--data .", "directory"]),
     (["--data", "rows.csv"], ["--data rows.csv", ".jsonl"]),
+    (["--preset", "tiny-qwen", "--cache", "dual"], ["--cache", "LLaDA"]),
+    (["--preset", "tiny-qwen", "--mismatch-estimator", "trajectory"], ["--mismatch-estimator", "LLaDA"]),
 ])
 def test_conflicting_or_bad_flags_fail_in_one_line_before_torch(tmp_path, flags, names):
     out = tmp_path / "run"
