@@ -268,8 +268,9 @@ def diffusion_sample(
                 commit = threshold_commit(confidence, masked, config.threshold)
             x[:, lo:hi] = torch.where(commit, proposal.to(x.dtype), x[:, lo:hi])
             commit_step[:, lo - P:hi - P][commit] = step
-            step_logp = proposal_logprobs(logits, proposal, config.temperature, mask_token_id).float()  # [B, Lb]
-            logp[:, lo - P:hi - P] = torch.where(commit, step_logp, logp[:, lo - P:hi - P])
+            # log μ of the committed tokens only (a few of the block's Lb rows: the log-softmax over V is the cost)
+            logp[:, lo - P:hi - P][commit] = proposal_logprobs(logits[commit], proposal[commit], config.temperature,
+                                                               mask_token_id).float()
             step += 1
             i += 1
             bar.update(1)
