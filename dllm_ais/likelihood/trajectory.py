@@ -183,8 +183,8 @@ def trajectory_log_ratio(model_old, model_rollout, rollout: Rollout, *, temperat
         logp_mu = replay_logprobs(model_rollout, rollout, plan, **kw)
     scored = plan.scale > 0
     diff = torch.where(scored, logp_old - logp_mu, 0.0)  # [B, L]; unscored tokens may hold anything in logp_mu
-    token = (diff.double() * plan.scale).float()
+    weighted = diff.double() * plan.scale  # [B, L] Horvitz–Thompson weighted token terms
     n = plan.rows.numel()
     size = chunk_size if chunk_size is not None else max(rollout.completion_ids.shape[0], 1)
-    return TrajectoryEstimate(token_log_ratio=token, log_ratio=(diff.double() * plan.scale).sum(-1).float(),
+    return TrajectoryEstimate(token_log_ratio=weighted.float(), log_ratio=weighted.sum(-1).float(),
                               num_canvases=n, num_forwards=-(-n // size))
