@@ -194,16 +194,19 @@ def mode_bounds(cfg: CorrectionConfig) -> tuple[float, float]:
 def normalize_mean_one(omega: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """ω / mean(ω over valid kept samples) (verl's batch normalisation); unchanged when that mean is 0.
     A rejected sample (ω = 0) is not counted in the mean. ω ≡ 1 is returned bit for bit."""
-    kept = valid & (omega != 0)
-    mean = masked_mean(omega, kept)
-    return torch.where(mean > 0, omega / torch.where(mean > 0, mean, 1), omega)
+    return _divide_by_mean(omega, valid & (omega != 0), floor=0.0)
 
 
 def normalize_all_valid(omega: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """ω / mean(ω over every valid sample) — verl's batch normalisation, computed before rejection (`rejected=drop`);
     unchanged when that mean is <= 1e-8 (verl's guard). ω ≡ 1 is returned bit for bit."""
-    mean = masked_mean(omega, valid)
-    return torch.where(mean > 1e-8, omega / torch.where(mean > 1e-8, mean, 1), omega)
+    return _divide_by_mean(omega, valid, floor=1e-8)
+
+
+def _divide_by_mean(omega: torch.Tensor, over: torch.Tensor, floor: float) -> torch.Tensor:
+    """ω / mean(ω over `over`), or ω unchanged when that mean is <= floor."""
+    mean = masked_mean(omega, over)
+    return torch.where(mean > floor, omega / torch.where(mean > floor, mean, 1), omega)
 
 
 def rejected_loss_mask(omega: torch.Tensor, mask: torch.Tensor, cfg: CorrectionConfig) -> torch.Tensor:
