@@ -105,7 +105,7 @@ def _fp4_rollout(master, tc):
 
 
 # TrainConfig.rollout_precision -> (BF16 master, TrainConfig) -> rollout policy μ (the master itself for bf16)
-_ROLLOUT_BUILDERS = {"bf16": lambda master, tc: master, "fp8": _fp8_rollout, "fp4": _fp4_rollout}
+_ROLLOUT_BUILDERS = {"bf16": lambda master, tc: master, "fp4": _fp4_rollout}  # fp8: _fp8_rollout (expected rows)
 
 
 def _expected_rollout_rows(preset: Preset) -> int:
@@ -131,10 +131,10 @@ class Trainer:
         self.progress = progress
         self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
         self.fsdp = self.acc.distributed_type == DistributedType.FSDP
-        if self.fsdp and self.tc.rollout_precision != "bf16" and not getattr(self.acc, "is_fsdp2", False):
-            raise ValueError("FP8/FP4 rollouts under FSDP need FSDP2 (its DTensor shards are gathered one layer at a "
-                             "time into the quantised copy); set fsdp_version: 2 in accelerate's fsdp_config, or use "
-                             "--rollout-precision bf16.")
+        if self.fsdp:  # run_training refused these from the launch's environment; a Trainer built directly too
+            reason = fsdp_setup.fsdp_refusals(preset, 2 if getattr(self.acc, "is_fsdp2", False) else 1)
+            if reason is not None:
+                raise ValueError(reason)
         model = policy.model
         if self.fsdp:  # each process shards its own full model: they must be equal (DDP broadcasts in prepare)
             fsdp_setup.broadcast_from_main(model)
@@ -187,16 +187,11 @@ class Trainer:
         return hasattr(self.master, "disable_adapter")
 
     def _make_rollout_model(self):
-        from dllm_ais.models.qwen_rollout import QwenRollout
 
-        if self.tc.rollout_precision == "fp8":
-            rollout = _fp8_rollout(self.master, self.tc, expected_m=_expected_rollout_rows(self.cfg))
-            self._record_fp8_backends(rollout)
-        else:
-            rollout = _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
-        if self.fsdp and isinstance(rollout, QwenRollout):
-            raise ValueError("FSDP with FP8 rollouts of a Qwen3 model is not supported (its fused static-cache copy is "
-                             "synced from full weights only); use DDP (distributed_type: MULTI_GPU) with LoRA.")
+        if self.tc.rollout_precision != "fp8":
+            return _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
+        rollout = _fp8_rollout(self.master, self.tc, expected_m=_expected_rollout_rows(self.cfg))
+        self._record_fp8_backends(rollout)
         return rollout
 
     def _record_fp8_backends(self, rollout) -> None:
