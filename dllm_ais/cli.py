@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 
-from dllm_ais.config import PRESETS, get_preset, override
+from dllm_ais.config import CACHE_MODES, PRESETS, get_preset, override
 
 TINY_PROMPTS = ["12+7=", "3+45=", "Hello, "]
 
@@ -93,7 +93,7 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remasking", default=None, choices=["low_confidence", "random"],
                    help="which masked positions each step commits: the most confident ones, or random ones")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
-    p.add_argument("--cache", default=None, choices=["none", "prefix", "dual"],
+    p.add_argument("--cache", default=None, choices=CACHE_MODES,
                    help="Fast-dLLM block KV cache: none (every step a full forward), prefix (one refresh forward per "
                    "block caches what precedes it), dual (later steps recompute the current block only)")
     p.add_argument("--threshold", type=float, default=None, metavar="F",

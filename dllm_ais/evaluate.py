@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.config import PRESETS, Preset, SamplerConfig, get_preset, override
+from dllm_ais.config import CACHE_MODES, PRESETS, Preset, SamplerConfig, get_preset, override
 from dllm_ais.progress import progress_bar
 from dllm_ais.tasks import d1
 
@@ -457,7 +457,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help="strict (default): the task's prompt and strict reward. d1: d1's prompts (system prompt, "
                              "'<reasoning>' opening), block 32, steps L/2, d1's answer parsing; Sudoku scores cell "
                              "accuracy (gsm8k, math500, countdown, sudoku)")
-    parser.add_argument("--cache", default=None, choices=["none", "prefix", "dual"],
+    parser.add_argument("--cache", default=None, choices=CACHE_MODES,
                         help="Fast-dLLM block KV cache for the sampler: none (full forwards), prefix (cache before the "
                              "block), dual (cache before and after the block). Default: the protocol's sampler "
                              "(none; --protocol d1 stays d1's sampler unless this is given)")
