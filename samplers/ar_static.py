@@ -30,7 +30,7 @@ import torch
 from dllm_ais.progress import progress_bar
 from dllm_ais.types import Rollout
 
-from .autoregressive import ARSamplerConfig, check_prompts, gumbel_argmax, sampling_logprobs
+from .ar_common import ARSamplerConfig, check_prompts, gumbel_argmax, sampling_logprobs
 
 
 @dataclass(frozen=True)
