@@ -11,8 +11,6 @@ import sys
 
 from dllm_ais.config import CACHE_MODES, PRESETS, get_preset, override
 
-TINY_PROMPTS = ["12+7=", "3+45=", "Hello, "]
-
 
 def _quiet_third_party_logs() -> None:
     """transformers imports torchao, whose optional CUDA extensions log load failures on CPU-only machines."""
@@ -142,85 +140,6 @@ def _add_correction_args(p: argparse.ArgumentParser) -> None:
                    "log mu - log pi_theta exceeds DELTA")
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
-    import torch
-
-    from dllm_ais.train_flags import check_device
-
-    check_device(args.device)
-
-    from dllm_ais.models.load import encode_prompts
-    from dllm_ais.train_job import family
-
-    from_run = args.run is not None or (args.model is not None and is_checkpoint_dir(args.model))
-    preset = get_preset(args.preset or "tiny-cpu") if not from_run else None
-    if args.run is not None and args.model is not None:
-        raise ValueError("pass either --model DIR or --run RUN_DIR, not both.")
-    if from_run:  # a run's latest checkpoint, or one checkpoints/step-N directory: the run's preset and model
-        from dllm_ais.evaluate import load_for_eval
-
-        if args.preset is not None:
-            raise ValueError("--preset cannot be combined with --run or a checkpoint directory: the run's config.json "
-                             "names its preset.")
-        loaded = load_for_eval(args.model, args.run, None, device=args.device, dtype=args.dtype)
-        preset, model, tokenizer = loaded.preset, loaded.model, loaded.tokenizer
-        model_cfg = preset.model
-        print(f"model: {loaded.source}", file=sys.stderr)
-    else:
-        model_cfg = override(preset.model, path=args.model, device=args.device, dtype=args.dtype, seed=args.seed)
-        model, tokenizer = family(model_cfg.family).load(model_cfg)
-        if model_cfg.path is None:
-            print(f"note: no --model or --run: sampling the UNTRAINED tiny built-in model (random weights, seed "
-                  f"{model_cfg.seed}), so the text is gibberish. Pass --run RUN_DIR (its latest checkpoint), --model "
-                  "RUN_DIR/checkpoints/step-N, or --model CHECKPOINT_DIR.", file=sys.stderr)
-    block_length = args.block_length
-    if block_length is None and args.gen_length and preset.sampler.block_length == preset.sampler.gen_length:
-        block_length = args.gen_length  # a one-block preset (tiny-cpu) stays one block at another length
-    sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=block_length,
-                           steps=args.steps, temperature=args.temperature, remasking=args.remasking,
-                           cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold)
-    if model_cfg.family != "llada" and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
-        raise ValueError("--cache/--threshold apply to diffusion (LLaDA) sampling only; drop them for this model.")
-    if args.fp8 and args.fp4:
-        raise ValueError("use --fp8 or --fp4, not both")
-    if args.fp8:
-        from dllm_ais.fp8.quantize import quantize_model
-
-        model = quantize_model(model, backend=args.backend)
-    elif args.fp4:
-        from dllm_ais.fp4.linear import quantize_model as quantize_model_fp4
-
-        model = quantize_model_fp4(model, fmt=args.fp4_format)
-    elif model_cfg.family == "llada":  # the fused BF16 rollout copy (fp8/fused_llada.py): same numbers, fewer kernels
-        from dllm_ais.fp8.fused_llada import build_fused_llada
-
-        model = build_fused_llada(model, None)
-    prompts = args.prompt or _default_prompts(preset, model_cfg)
-    ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
-    generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
-    backend = family(model_cfg.family).backend(sampler_cfg, model, tokenizer)
-    rollout = backend.sample(model, ids, mask, generator, progress=sys.stderr.isatty() or args.progress)
-    for prompt, comp, keep in zip(prompts, rollout.completion_ids, rollout.completion_mask, strict=True):
-        text = tokenizer.decode(comp[keep], skip_special_tokens=True)
-        print(f"### {prompt}\n{text}\n")
-    return 0
-
-
-def _default_prompts(preset, model_cfg) -> list[str]:
-    """Prompts when none are given: for a tiny built-in model the first test-split prompts of its preset's task (what
-    it was trained on: `digits` for tiny-cpu), else a generic question."""
-    if model_cfg.path is not None:
-        return ["What is 12 * 7? Think step by step."]
-    from dllm_ais.evaluate import _load_rows
-    from dllm_ais.tasks.registry import get_task
-
-    try:
-        rows = _load_rows(get_task(preset.train.task), "test", preset.train.data_path, 3, 0, preset.train.task_config)
-    except (OSError, ValueError, KeyError, ImportError):  # a hub task offline, a missing file: generic prompts
-        return TINY_PROMPTS
-    return [row["prompt"] for row in rows]
-
-
 def _floats(flag: str, value: str | None) -> list[float] | None:
     """'1,0.5' -> [1.0, 0.5]; None -> None; anything else a one-line error naming the flag."""
     if value is None:
@@ -229,14 +148,6 @@ def _floats(flag: str, value: str | None) -> list[float] | None:
         return [float(v) for v in value.split(",")]
     except ValueError:
         raise ValueError(f"{flag} {value!r}: expected comma-separated numbers, e.g. 1,0.5.") from None
-
-
-def is_checkpoint_dir(path: str) -> bool:
-    """A trainer checkpoint (<run>/checkpoints/step-N: model/ or adapter/ beside trainer_state.pt)."""
-    from pathlib import Path
-
-    p = Path(path)
-    return (p / "trainer_state.pt").is_file() and ((p / "model").is_dir() or (p / "adapter").is_dir())
 
 
 FIELD_FLAGS = {
@@ -589,6 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp4", action="store_true", help="sample with the emulated FP4 rollout copy (W4A4)")
     p.add_argument("--fp4-format", default="nvfp4", choices=["nvfp4", "mxfp4"], help="FP4 format for --fp4")
     p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
+    from dllm_ais.sample import cmd_sample
+
     p.set_defaults(func=cmd_sample)
     _show_preset_defaults(p, "sample")
     from dllm_ais.evaluate import add_eval_arguments, cmd_eval
