@@ -100,7 +100,7 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_correction_args(p: argparse.ArgumentParser) -> None:
-    from dllm_ais.rl_config import AIS_TARGETS, CORRECTION_LEVELS, CORRECTIONS, LOSS_TYPES, TRAIN_FORWARDS, TRL_ALIASES
+    from dllm_ais.rl.config import AIS_TARGETS, CORRECTION_LEVELS, CORRECTIONS, LOSS_TYPES, TRAIN_FORWARDS, TRL_ALIASES
 
     p.add_argument("--correction", default=None, choices=[*CORRECTIONS, *TRL_ALIASES],
                    help="mismatch correction (docs/corrections.md); TRL's token_truncate / token_mask / "
@@ -252,7 +252,7 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
     """The correction / loss flags of `train` (docs/corrections.md) as replaced `correction` and `grpo` configs."""
     from dataclasses import replace
 
-    from dllm_ais.rl_config import parse_reject
+    from dllm_ais.rl.config import parse_reject
 
     band = args.band or (None, None)
     reject = parse_reject(args.reject) if args.reject else {}
@@ -339,8 +339,8 @@ def _check_data_path(data: str) -> None:
 def _resume_preset(args: argparse.Namespace, typed: dict[str, object], out: str):
     """The preset a resumed run continues with: its config.json plus the flags that may change on resume (--steps,
     --save-every); any other flag that differs from the run's value is refused, naming it."""
-    from dllm_ais.run_dir import read_run_config
-    from dllm_ais.train_flags import resume_changes
+    from dllm_ais.train.flags import resume_changes
+    from dllm_ais.train.run_dir import read_run_config
 
     if "--preset" in typed:
         raise ValueError("--preset cannot be combined with --resume: the run's config.json names its preset.")
@@ -369,7 +369,7 @@ def default_run_dir(preset_name: str, now: float | None = None, pid: int | None 
 def _device_and_backend_checks(preset) -> None:
     """Checks that need torch, still before the run directory exists: the device is there, the FP8 backend is known
     and runs on it."""
-    from dllm_ais.train_flags import check_device
+    from dllm_ais.train.flags import check_device
 
     device = preset.model.device
     check_device(device)
@@ -387,7 +387,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import math
     import time
 
-    from dllm_ais.train_flags import check_combinations, default_threads, usable_cores
+    from dllm_ais.train.flags import check_combinations, default_threads, usable_cores
 
     typed = typed_flags(args)
     preset = _train_preset(args)  # flags and config validation first: no heavy import yet
@@ -401,7 +401,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     from dllm_ais.metrics import REWARD_MEAN, STEP, read_metrics
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     _device_and_backend_checks(preset)
     torch.set_num_threads(threads)
@@ -504,8 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.set_defaults(func=cmd_sample)
     _show_preset_defaults(p, "sample")
-    from dllm_ais.evaluate import add_eval_arguments, cmd_eval
-    from dllm_ais.plot import add_plot_arguments, cmd_plot
+    from dllm_ais.analysis.evaluate import add_eval_arguments, cmd_eval
+    from dllm_ais.analysis.plot import add_plot_arguments, cmd_plot
 
     p = sub.add_parser("eval", help="accuracy of a model, run or checkpoint on a task (d1 evaluation settings)",
                        formatter_class=HelpFormatter)
@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=HelpFormatter)
     add_plot_arguments(p)
     p.set_defaults(func=cmd_plot)
-    # listed for --help only: main() hands `variance ...` to dllm_ais/variance_cli.py's own parser
+    # listed for --help only: main() hands `variance ...` to dllm_ais/analysis/variance_cli.py's own parser
     sub.add_parser("variance", help="std of the FP8/BF16 log-ratio vs forward passes per ELBO estimator "
                    "(dllm-ais variance --help)")
     return parser
@@ -523,9 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["variance"]:  # its own parser (dllm_ais/variance_cli.py) takes every remaining argument
+    if argv[:1] == ["variance"]:  # its own parser (dllm_ais/analysis/variance_cli.py) takes every remaining argument
         _quiet_third_party_logs()
-        from dllm_ais.variance_cli import main as variance_main
+        from dllm_ais.analysis.variance_cli import main as variance_main
 
         return variance_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)

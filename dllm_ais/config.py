@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
+from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
@@ -110,7 +110,7 @@ class TrainConfig:
     """Local jsonl/parquet file for the task's training split; None = hub dataset or procedural generator."""
     reward_fn: str | list[str] | None = None
     """TRL-style reward function(s) by import path ('pkg.module:func'; a list for several), used instead of the
-    task's reward; called as TRL calls them (dllm_ais/rewards.py)."""
+    task's reward; called as TRL calls them (dllm_ais/train/rewards.py)."""
     reward_weights: list[float] | None = None
     """One weight per reward_fn entry (None: all 1.0); the step's reward is the weighted sum, TRL's reward_weights."""
     steps: int = 40
@@ -316,7 +316,7 @@ PRESETS: dict[str, Preset] = {
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
                           max_completion_length=13, num_iterations=2)),
         # tiny-cpu-arith: the earlier tiny-cpu (single-digit arith); benchmarks/study/ was produced on it (the study
-        # pins this preset and overrides β = 0 and its run size, see dllm_ais/study.py).
+        # pins this preset and overrides β = 0 and its run size, see dllm_ais/analysis/study.py).
         Preset("tiny-cpu-arith", "The earlier tiny-cpu on single-digit arith: the testbed of benchmarks/study/.",
                ModelConfig(), SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0),
                TrainConfig(task="arith", task_config={"max_operand": 9}, steps=300, prompts_per_step=16,

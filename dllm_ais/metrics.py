@@ -33,7 +33,7 @@ ROLLOUT_GEN_LEN = "rollout/gen_len"
 ROLLOUT_NFE = "rollout/nfe"
 """Model forward calls of the step's rollout (Rollout.nfe; = rollout/steps without a KV cache or threshold)."""
 SKIPPED_STEPS = "train/skipped_steps"
-# rollout-correction diagnostics (verl's set under our names; dllm_ais/mismatch_stats.py, docs/corrections.md)
+# rollout-correction diagnostics (verl's set under our names; dllm_ais/rl/mismatch_stats.py, docs/corrections.md)
 MISMATCH_PPL_TRAIN = "mismatch/ppl_train"
 MISMATCH_PPL_ROLLOUT = "mismatch/ppl_rollout"
 MISMATCH_LOG_PPL_DIFF = "mismatch/log_ppl_diff"
@@ -69,7 +69,7 @@ def reject_frac_key(option: str) -> str:
     """Rejected fraction of one rejection rule, by verl's option name: corr/reject_frac/seq_mean_k3."""
     return f"corr/reject_frac/{option}"
 ROLLOUT_REPEAT_FRAC = "rollout/repeat_frac"
-"""Mean repeated-n-gram fraction of the completions (dllm_ais/error_tokens.py)."""
+"""Mean repeated-n-gram fraction of the completions (dllm_ais/rl/error_tokens.py)."""
 ROLLOUT_ERROR_MASKED = "rollout/error_masked_frac"
 """Fraction of completions dropped from the loss as error completions (0 unless error_mask_threshold is set)."""
 LOSS_DUAL_CLIP = "loss/dual_clip_frac"

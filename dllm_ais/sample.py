@@ -14,19 +14,19 @@ TINY_PROMPTS = ["12+7=", "3+45=", "Hello, "]
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from dllm_ais.train_flags import check_device
+    from dllm_ais.train.flags import check_device
 
     check_device(args.device)
 
     from dllm_ais.models.load import encode_prompts
-    from dllm_ais.train_job import family
+    from dllm_ais.train.job import family
 
     from_run = args.run is not None or (args.model is not None and is_checkpoint_dir(args.model))
     preset = get_preset(args.preset or "tiny-cpu") if not from_run else None
     if args.run is not None and args.model is not None:
         raise ValueError("pass either --model DIR or --run RUN_DIR, not both.")
     if from_run:  # a run's latest checkpoint, or one checkpoints/step-N directory: the run's preset and model
-        from dllm_ais.evaluate import load_for_eval
+        from dllm_ais.analysis.evaluate import load_for_eval
 
         if args.preset is not None:
             raise ValueError("--preset cannot be combined with --run or a checkpoint directory: the run's config.json "
@@ -80,7 +80,7 @@ def _default_prompts(preset, model_cfg) -> list[str]:
     it was trained on: `digits` for tiny-cpu), else a generic question."""
     if model_cfg.path is not None:
         return ["What is 12 * 7? Think step by step."]
-    from dllm_ais.evaluate import _load_rows
+    from dllm_ais.analysis.evaluate import _load_rows
     from dllm_ais.tasks.registry import get_task
 
     try:

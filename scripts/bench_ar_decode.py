@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from dllm_ais import bench_env
+from dllm_ais.analysis import bench_env
 from dllm_ais.atomic import atomic_write_text
 from dllm_ais.models.qwen import random_qwen
 from dllm_ais.samplers.autoregressive import ARSamplerConfig, ar_sample

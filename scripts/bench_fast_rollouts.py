@@ -4,8 +4,8 @@
   python scripts/bench_fast_rollouts.py --smoke          # seconds: tiny shapes, checks the script runs
 
 Model: a mid-size LLaDA built locally (our LLaDAModelLM, character-level tiny tokenizer; --d-model, --layers), SFT-
-trained from scratch with the package's masked-diffusion SFT (`dllm_ais.sft.warm_up`) on a procedural task with long
-completions, so its confidences are those of a trained model rather than of random weights: `shift` — the prompt is
+trained from scratch with the package's masked-diffusion SFT (`dllm_ais.train.sft.warm_up`) on a procedural task with
+long completions, so its confidences are those of a trained model rather than of random weights: `shift` — the prompt is
 --digits random digits and ">", the completion those digits each plus one (9 -> 0), then EOS to the end of the
 --gen-length window. Train and held-out problems come from different seeds (--digits ≥ 16 makes an overlap
 astronomically unlikely). Accuracy: the completion's leading digit run equals the answer exactly.
@@ -73,7 +73,7 @@ def leading_digits(text: str) -> str:
 
 def build_and_train(args, tokenizer, log):
     from dllm_ais.models.tiny import tiny_model
-    from dllm_ais.sft import sft_loss, warm_up
+    from dllm_ais.train.sft import sft_loss, warm_up
 
     ckpt = Path(args.work) / "model.pt"
     model = tiny_model(seed=args.seed, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,

@@ -34,7 +34,7 @@ if not torch.cuda.is_available():  # the Triton kernels can only run on CPU unde
 
 from torch import nn  # noqa: E402
 
-from dllm_ais import bench_env  # noqa: E402
+from dllm_ais.analysis import bench_env  # noqa: E402
 from dllm_ais.fp8 import BACKENDS, FP8Linear, quant, quantize_model, sync_weights, unavailable_reason  # noqa: E402
 from dllm_ais.fp8.backends import outer_dim_major as _outer_dim_major  # noqa: E402
 from dllm_ais.fp8.ops import torchao_blockwise_gemm  # noqa: E402

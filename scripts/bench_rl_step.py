@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from dllm_ais import bench_env
 from dllm_ais import metrics as M
+from dllm_ais.analysis import bench_env
 from dllm_ais.config import CorrectionConfig, GRPOConfig, ModelConfig, Preset, SamplerConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -140,9 +140,9 @@ def make_preset(args, device: torch.device, precision: str, backend: str | None)
 
 def measure(master, tokenizer, args, device: torch.device, precision: str, backend: str | None, rows, run_dir):
     """Run warm-up + timed train_steps with a fresh Trainer; the medians of each stage over the timed steps."""
-    from dllm_ais.run_dir import RunDir
-    from dllm_ais.train_job import _llada_backend
-    from dllm_ais.trainer import Policy, Trainer
+    from dllm_ais.train.job import _llada_backend
+    from dllm_ais.train.run_dir import RunDir
+    from dllm_ais.train.trainer import Policy, Trainer
 
     preset = make_preset(args, device, precision, backend)
     inner = _llada_backend(preset.sampler, master.base_model.model, tokenizer, preset.train)

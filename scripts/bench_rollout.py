@@ -50,7 +50,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from dllm_ais import bench_env
+from dllm_ais.analysis import bench_env
 from dllm_ais.atomic import atomic_write_text
 from dllm_ais.config import SamplerConfig
 from dllm_ais.fp8 import BACKENDS

@@ -228,7 +228,7 @@ def environment() -> dict:
     """device, torch, triton, git_sha of this machine."""
     import torch
 
-    from dllm_ais import bench_env
+    from dllm_ais.analysis import bench_env
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return {

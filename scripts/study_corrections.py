@@ -1,19 +1,20 @@
-"""Multi-seed study of the mismatch corrections (logic in dllm_ais/study.py): every arm × every seed.
+"""Multi-seed study of the mismatch corrections (logic in dllm_ais/analysis/study.py): every arm × every seed.
 
     python scripts/study_corrections.py --out benchmarks/study --work runs/study --workers 2     # the study
     python scripts/study_corrections.py --out benchmarks/study --work runs/study --arms fp4-none,fp4-ais  # add arms
     python scripts/study_corrections.py --out /tmp/s --work /tmp/s/runs --smoke                  # seconds
 
-Pre-registered study (dllm_ais/study_plan.py): the plan file fixes arms, seeds, metrics and comparisons; runs are
-resumable (rerun the same command), and it refuses to run with uncommitted changes (--allow-dirty for smoke tests):
+Pre-registered study (dllm_ais/analysis/study_plan.py): the plan file fixes arms, seeds, metrics and comparisons; runs
+are resumable (rerun the same command), and it refuses to run with uncommitted changes (--allow-dirty for smoke tests):
 
     python scripts/study_corrections.py --plan study/plan.toml                     # benchmarks/study/<plan name>/
     python scripts/study_corrections.py --plan study/plan.toml --pilot --seeds 1 --arms bf16,mxfp4-none
     python scripts/study_corrections.py --plan study/plan.toml --calibrate          # τ scan on a validation split
 
-Arms: bf16; fp8 × {none, tis, ais}; fp4 × {none, tis, mis, ais} when the package has FP4 rollouts (dllm_ais.study.ARMS;
-adding an arm is one line there). Per seed one SFT warm-up shared by all arms; runs whose result.json exists in
---work are reused, so the study can be resumed or extended. --report-only rewrites the report from --work.
+Arms: bf16; fp8 × {none, tis, ais}; fp4 × {none, tis, mis, ais} when the package has FP4 rollouts
+(dllm_ais.analysis.study.ARMS; adding an arm is one line there). Per seed one SFT warm-up shared by all arms; runs whose
+result.json exists in --work are reused, so the study can be resumed or extended. --report-only rewrites the report from
+--work.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from dllm_ais import study
+from dllm_ais.analysis import study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,7 +69,7 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     from dataclasses import replace
 
-    from dllm_ais.bench_env import git_commit
+    from dllm_ais.analysis.bench_env import git_commit
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -109,9 +110,9 @@ def run_plan_command(args, argv: list[str]) -> int:
     """--plan: refuse uncommitted changes (unless --allow-dirty), run the plan's runs (resumable), write the report."""
     import json
 
-    from dllm_ais import study_plan
+    from dllm_ais.analysis import study_plan
+    from dllm_ais.analysis.bench_env import git_commit
     from dllm_ais.atomic import atomic_write_text
-    from dllm_ais.bench_env import git_commit
 
     plan = study_plan.load_plan(args.plan)
     sha, dirty = git_commit(REPO)

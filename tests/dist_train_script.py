@@ -5,7 +5,7 @@ Run as `accelerate launch --multi_gpu --num_processes 2 tests/dist_train_script.
 only through mpirun, so the test uses the torchrun-based launcher instead; each process's `Accelerator(cpu=True)`
 (the trainer's) then joins a gloo process group.
 
-Every process trains through `dllm_ais.train_job.run_training` (DDP over gloo, set up by accelerate) and writes
+Every process trains through `dllm_ais.train.job.run_training` (DDP over gloo, set up by accelerate) and writes
 `OUT/params-rank{i}.pt` = {"init": state_dict when GRPO started, "final": state_dict at the end, "rank", "world",
 "records": per step this process's rollout, mismatch log-weights ℓ, λ and ω, "events": the order of backward passes
 and DDP gradient all-reduces} (the unwrapped master's tensors). The initial state is captured by wrapping
@@ -70,9 +70,9 @@ def record_steps(records: list[dict], events: list[str], replay: list[dict] | No
     import accelerate
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    import dllm_ais.trainer as trainer_module
-    from dllm_ais.backend import DiffusionBackend
-    from dllm_ais.trainer import Trainer
+    import dllm_ais.train.trainer as trainer_module
+    from dllm_ais.train.backend import DiffusionBackend
+    from dllm_ais.train.trainer import Trainer
     from dllm_ais.types import Rollout
 
     sample, mismatch, correct_global = DiffusionBackend.sample, DiffusionBackend.mismatch_log_w, \
@@ -139,7 +139,7 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def record_initial_state(into: dict) -> None:
     """Wrap `Trainer.fit` (in this process only) so that it first stores the master's parameters in `into`."""
-    from dllm_ais.trainer import Trainer
+    from dllm_ais.train.trainer import Trainer
 
     fit = Trainer.fit
 
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replay", type=Path, help="one process replaying the global batches of the run in this dir")
     args = ap.parse_args(argv)
 
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     init: dict[str, torch.Tensor] = {}
     record_initial_state(init)

@@ -2,7 +2,7 @@
 
 Run as `python -m torch.distributed.run --nproc_per_node 2 tests/fsdp_checkpoint_script.py OUT`. Every rank trains
 the same seeded tiny model twice side by side: a plain copy (`reference`) and a `fully_shard`ed one, one AdamW step
-each on the same batch. The main process writes the sharded run's full checkpoint (dllm_ais.fsdp_checkpoint) to
+each on the same batch. The main process writes the sharded run's full checkpoint (dllm_ais.train.fsdp_checkpoint) to
 OUT/ckpt.pt; every rank loads it into a fresh, differently initialised sharded model and optimizer, and both runs take
 a second step. Writes OUT/fsdp-ckpt-rank{r}.pt = {"saved_model", "saved_optimizer" (main only, else None),
 "reference_model", "reference_optimizer" after step 1, "resumed": full parameters after step 2 of the resumed sharded
@@ -27,9 +27,14 @@ def main() -> None:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from dllm_ais.fsdp_checkpoint import full_on_main, full_optimizer_state, load_full_optimizer_state, loading_full
     from dllm_ais.models.llada import LLaDABlock
     from dllm_ais.models.tiny import tiny_model
+    from dllm_ais.train.fsdp_checkpoint import (
+        full_on_main,
+        full_optimizer_state,
+        load_full_optimizer_state,
+        loading_full,
+    )
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

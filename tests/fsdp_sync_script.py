@@ -31,9 +31,9 @@ def main() -> None:
     from torch.distributed.tensor import DTensor
 
     from dllm_ais.fp8 import quantize_model, sync_weights
-    from dllm_ais.fsdp_sync import sync_weights_sharded
     from dllm_ais.models.llada import LLaDABlock
     from dllm_ais.models.tiny import tiny_model
+    from dllm_ais.train.fsdp_sync import sync_weights_sharded
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -56,7 +56,7 @@ def cpu_fsdp2() -> None:
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of the full tensors of `model`'s parameters, frozen ones included (DTensor shards gathered:
     collective)."""
-    from dllm_ais.fsdp_sync import full_tensor
+    from dllm_ais.train.fsdp_sync import full_tensor
 
     return {n: full_tensor(p.detach()).cpu().clone() for n, p in model.named_parameters()}
 
@@ -74,7 +74,7 @@ def main() -> None:
 
     from dllm_ais import cli
     from dllm_ais.config import PRESETS
-    from dllm_ais.trainer import Trainer
+    from dllm_ais.train.trainer import Trainer
 
     cpu_fsdp2()
     replay, per_step = None, args.prompts_per_step

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dllm_ais.distributed import rollout_diagnostics_global
+from dllm_ais.train.distributed import rollout_diagnostics_global
 
 
 class DistAcc:

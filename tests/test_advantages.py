@@ -1,4 +1,4 @@
-"""Group-relative advantages (dllm_ais/advantages.py) against a plain-loop reference."""
+"""Group-relative advantages (dllm_ais/rl/advantages.py) against a plain-loop reference."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dllm_ais import advantages as A
-from dllm_ais import rl_config
-from dllm_ais.advantages import ADV_EPS, group_advantages
+from dllm_ais.rl import advantages as A
+from dllm_ais.rl import config as rl_config
+from dllm_ais.rl.advantages import ADV_EPS, group_advantages
 
 
 def reference(rewards: list[float], g: int, scale: str) -> tuple[list[float], float]:

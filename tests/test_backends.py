@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from dllm_ais import metrics as M
-from dllm_ais.backend import AutoregressiveBackend, DiffusionBackend
 from dllm_ais.config import SamplerConfig, get_preset
-from dllm_ais.run_dir import RunDir
-from dllm_ais.train_job import run_training
+from dllm_ais.train.backend import AutoregressiveBackend, DiffusionBackend
+from dllm_ais.train.job import run_training
+from dllm_ais.train.run_dir import RunDir
 
 REWARD_MODULE = (
     "def reward(prompts, completions, **columns):\n"
@@ -62,7 +62,7 @@ def test_bf16_rollouts_give_unit_weights(tmp_path, reward_fn, preset):
 
 
 def test_backend_choice_follows_the_family():
-    from dllm_ais.train_job import family
+    from dllm_ais.train.job import family
 
     p = get_preset("tiny-cpu")
     llada = family("llada").backend(p.sampler, *family("llada").load(p.model))
@@ -94,7 +94,7 @@ def test_ar_mismatch_is_exact_token_log_ratio():
 
 def test_eval_runs_for_both_families(tmp_path):
     """`dllm-ais eval` on a Qwen run's checkpoint and on a LLaDA run's, through the same evaluate()."""
-    from dllm_ais.evaluate import evaluate, load_for_eval
+    from dllm_ais.analysis.evaluate import evaluate, load_for_eval
 
     for preset in ("tiny-cpu", "tiny-qwen"):
         out = tmp_path / preset

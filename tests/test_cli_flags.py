@@ -14,7 +14,7 @@ import torch
 
 from dllm_ais.cli import build_parser, default_run_dir, main
 from dllm_ais.config import get_preset
-from dllm_ais.train_flags import default_threads, resume_changes, usable_cores
+from dllm_ais.train.flags import default_threads, resume_changes, usable_cores
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_default_threads_leave_one_core_free():
 
 def test_train_sets_the_default_thread_count(monkeypatch, tmp_path):
     """Before: torch's own choice (every core), 13x slower per step with one busy neighbour on 2 cores."""
-    import dllm_ais.train_job as train_job
+    import dllm_ais.train.job as train_job
 
     seen = {}
 
@@ -53,7 +53,7 @@ def test_train_sets_the_default_thread_count(monkeypatch, tmp_path):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(train_job, "run_training", fake_run_training)
-    monkeypatch.setattr("dllm_ais.train_flags.usable_cores", lambda: 4)
+    monkeypatch.setattr("dllm_ais.train.flags.usable_cores", lambda: 4)
     before = torch.get_num_threads()
     try:
         assert main(["train", "--out", str(tmp_path / "r")]) == 130
@@ -138,7 +138,7 @@ def test_tensorboard_without_the_extra_fails_first(tmp_path, monkeypatch, capsys
 
 def _saved_run(tmp_path) -> Path:
     """A run directory holding only config.json (what --resume reads before anything else)."""
-    from dllm_ais.run_dir import RunDir
+    from dllm_ais.train.run_dir import RunDir
 
     out = tmp_path / "run"
     RunDir(out).create(get_preset("tiny-cpu"), resume=False)
@@ -173,7 +173,7 @@ def test_resume_changes_name_flags_and_allow_repeated_values():
 
 
 def test_resume_applies_and_records_steps_and_save_every(tmp_path):
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-cpu")
     preset = replace(p, train=replace(p.train, steps=1, prompts_per_step=2, sft_steps=0, mismatch_num_draws=1),
@@ -307,8 +307,8 @@ def test_sft_interrupt_message_starts_its_own_line(tmp_path, capsys):
     import signal
 
     from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
-    from dllm_ais.sft import sft_loss, warm_up
     from dllm_ais.tasks.arith import sft_pairs
+    from dllm_ais.train.sft import sft_loss, warm_up
 
     calls = []
 
@@ -327,7 +327,7 @@ def test_sft_interrupt_message_starts_its_own_line(tmp_path, capsys):
 
 def test_mismatch_kl_panel_says_it_is_an_estimate():
     from dllm_ais import metrics as M
-    from dllm_ais.plot import panel_title
+    from dllm_ais.analysis.plot import panel_title
 
     title = panel_title(M.MISMATCH_KL)
     assert title.startswith(M.MISMATCH_KL) and "estimate" in title and "< 0" in title
@@ -340,7 +340,7 @@ def test_tiny_qwen_preset_learns_within_a_minute(tmp_path):
     ~2 s) and the preset's first 60 RL steps (of 100) already raise the reward; deterministic for seed 0 on CPU (one
     seed)."""
     from dllm_ais import metrics as M
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-qwen")
     assert p.train.sft_steps <= 40

@@ -58,7 +58,7 @@ def test_aligned_forward_without_fp8_rollouts_fails_before_anything_is_created(t
 
 
 def test_library_run_training_checks_the_model_before_creating_the_run(tmp_path):
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-cpu")
     empty = tmp_path / "empty_model"
@@ -92,8 +92,8 @@ def test_checkpoints_follow_the_umask(tmp_path, umask):
 
 def test_sft_warm_up_interrupted_and_resumed_equals_uninterrupted(tmp_path, capsys):
     from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
-    from dllm_ais.sft import sft_loss, warm_up
     from dllm_ais.tasks.arith import sft_pairs
+    from dllm_ais.train.sft import sft_loss, warm_up
 
     tok = tiny_tokenizer()
     pairs = sft_pairs(200, seed=0)
@@ -122,7 +122,7 @@ def test_sft_warm_up_interrupted_and_resumed_equals_uninterrupted(tmp_path, caps
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-cpu")
     preset = replace(p, train=replace(p.train, steps=2, prompts_per_step=2, sft_steps=2, sft_batch_size=4,
@@ -165,13 +165,13 @@ def test_help_texts(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["plot", "--help"])
     flat = " ".join(capsys.readouterr().out.split())
-    from dllm_ais.plot import DEFAULT_KEYS
+    from dllm_ais.analysis.plot import DEFAULT_KEYS
 
     assert all(key in flat for key in DEFAULT_KEYS)  # wrapped at spaces, never inside a metric name
     with pytest.raises(SystemExit):
         parser.parse_args(["sample", "--help"])
     assert "hub id" in " ".join(capsys.readouterr().out.split())
-    from dllm_ais.variance_cli import build_parser as variance_parser
+    from dllm_ais.analysis.variance_cli import build_parser as variance_parser
 
     with pytest.raises(SystemExit):
         variance_parser().parse_args(["--help"])

@@ -1,4 +1,4 @@
-"""Mismatch corrections and the AIS diagnostics (dllm_ais/correction.py, DESIGN.md §4, docs/ais.md)."""
+"""Mismatch corrections and the AIS diagnostics (dllm_ais/rl/correction.py, DESIGN.md §4, docs/ais.md)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dllm_ais import correction as C
-from dllm_ais import rl_config
-from dllm_ais.correction import correct
-from dllm_ais.grpo import grpo_loss
-from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
+from dllm_ais.rl import config as rl_config
+from dllm_ais.rl import correction as C
+from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
+from dllm_ais.rl.correction import correct
+from dllm_ais.rl.grpo import grpo_loss
 
 LN2 = math.log(2.0)
 NAN, INF = float("nan"), float("inf")
@@ -243,7 +243,7 @@ def test_single_sequence_has_neutral_variance_ratio():
 
 def test_all_equal_rewards_define_v_as_one():
     """All-equal rewards -> Â ≡ 0 -> V := 1 and λ = s · R (weights [e^{0.3}, e^{−0.3}], so R < 1)."""
-    from dllm_ais.advantages import group_advantages
+    from dllm_ais.rl.advantages import group_advantages
 
     adv = group_advantages(torch.full((4,), 0.3), num_generations=4).adv
     assert torch.equal(adv, torch.zeros(4))

@@ -1,5 +1,5 @@
 """The verl / TRL / IcePop correction modes, divergence rejection, weight normalisation and AIS targets
-(dllm_ais/correction.py, dllm_ais/mismatch_stats.py, docs/corrections.md): hand-worked values and invariants."""
+(dllm_ais/rl/correction.py, dllm_ais/rl/mismatch_stats.py, docs/corrections.md): hand-worked values and invariants."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from dllm_ais.correction import correct
-from dllm_ais.grpo import grpo_loss
-from dllm_ais.mismatch_stats import k1, k2, k3, reject_keep, rollout_diagnostics
-from dllm_ais.rl_config import AIS_TARGETS, CorrectionConfig, GRPOConfig, parse_reject
+from dllm_ais.rl.config import AIS_TARGETS, CorrectionConfig, GRPOConfig, parse_reject
+from dllm_ais.rl.correction import correct
+from dllm_ais.rl.grpo import grpo_loss
+from dllm_ais.rl.mismatch_stats import k1, k2, k3, reject_keep, rollout_diagnostics
 
 LN = math.log
 NAN = float("nan")

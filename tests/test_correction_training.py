@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 from dllm_ais import metrics as M
 from dllm_ais.cli import _train_preset, build_parser
 from dllm_ais.config import get_preset
-from dllm_ais.rl_config import parse_reject
-from dllm_ais.run_dir import RunDir
-from dllm_ais.train_job import run_training
+from dllm_ais.rl.config import parse_reject
+from dllm_ais.train.job import run_training
+from dllm_ais.train.run_dir import RunDir
 
 NEW_METRICS = (*M.DIAGNOSTIC_NAMES.values(), M.CORR_FRAC_ABOVE, M.CORR_FRAC_BELOW, M.CORR_REJECT_FRAC, M.CORR_ESS,
                M.CORR_OMEGA_MEAN, M.ROLLOUT_REPEAT_FRAC, M.ROLLOUT_ERROR_MASKED)
@@ -134,7 +134,7 @@ def test_cli_flags_reach_the_configs():
 def test_diffusion_token_mismatch_is_the_one_step_estimator_difference():
     from dllm_ais.fp8 import quantize_model
     from dllm_ais.models.load import encode_prompts
-    from dllm_ais.train_job import family
+    from dllm_ais.train.job import family
 
     p = get_preset("tiny-cpu")
     fam = family(p.model.family)

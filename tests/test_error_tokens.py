@@ -1,8 +1,8 @@
-"""The repeated-n-gram error-token detector (dllm_ais/error_tokens.py)."""
+"""The repeated-n-gram error-token detector (dllm_ais/rl/error_tokens.py)."""
 
 import torch
 
-from dllm_ais.error_tokens import error_keep, repeated_ngram_fraction
+from dllm_ais.rl.error_tokens import error_keep, repeated_ngram_fraction
 
 
 def test_repeated_ngram_fraction_hand_computed():

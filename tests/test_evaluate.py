@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dllm_ais.config import SamplerConfig, get_preset
-from dllm_ais.evaluate import (
+from dllm_ais.analysis.evaluate import (
     add_eval_arguments,
     cmd_eval,
     d1_sampler,
@@ -18,6 +17,7 @@ from dllm_ais.evaluate import (
     load_for_eval,
     parse_gen_lengths,
 )
+from dllm_ais.config import SamplerConfig, get_preset
 from dllm_ais.models.checkpoint import save_llada
 from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
 from dllm_ais.tasks import registry
@@ -127,7 +127,7 @@ def test_load_for_eval_run_dir_full_model_and_missing_checkpoint(model, tmp_path
 
 
 def test_load_for_eval_verifies_a_trainer_checkpoint_manifest(model, tokenizer, tmp_path):
-    from dllm_ais.run_dir import CheckpointCorrupt, RunDir
+    from dllm_ais.train.run_dir import CheckpointCorrupt, RunDir
 
     run = RunDir(tmp_path / "run")
     run.create(get_preset("tiny-cpu"), resume=False)

@@ -224,7 +224,7 @@ def test_sample_cli_flags(capsys):
 def test_eval_cli_flags_reach_the_sampler_and_d1_is_kept_without_them(tmp_path, monkeypatch):
     import argparse
 
-    from dllm_ais import evaluate as ev
+    from dllm_ais.analysis import evaluate as ev
 
     seen = []
     monkeypatch.setattr(ev, "evaluate", lambda model, tok, task, sampler, **kw: seen.append(sampler) or {
@@ -264,7 +264,7 @@ def test_bench_fast_rollouts_smoke(tmp_path):
 
 def test_trainer_counts_every_canvas_position_of_a_diffusion_rollout(model):
     """Diffusion rollouts now carry logp_rollout; the trainer's tokens/s must still count the whole canvas."""
-    from dllm_ais.trainer import generated_tokens
+    from dllm_ais.train.trainer import generated_tokens
 
     out = _sample(model, PROMPTS, SamplerConfig(gen_length=16, block_length=8, steps=8, threshold=0.9))
     assert out.logp_rollout is not None and generated_tokens(out) == out.completion_ids.numel()

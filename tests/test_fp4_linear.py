@@ -29,8 +29,8 @@ from dllm_ais.fp4 import FORMATS, FP4Linear, quantize_model, sync_weights
 from dllm_ais.fp8 import quantize_model as quantize_model_fp8
 from dllm_ais.models.llada import LORA_TARGETS, lora_target_regex
 from dllm_ais.models.tiny import tiny_model
-from dllm_ais.run_dir import RunDir
-from dllm_ais.train_job import run_training
+from dllm_ais.train.job import run_training
+from dllm_ais.train.run_dir import RunDir
 
 MASK, EOS = 4, 1
 B, P, L = 16, 16, 32

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 from dllm_ais.config import get_preset
-from dllm_ais.train_job import run_training
+from dllm_ais.train.job import run_training
 
 
 def test_run_records_resolved_fp8_backends(tmp_path):

@@ -167,7 +167,7 @@ def _preset(**changes):
     (2, {"family": "qwen", "lora_r": 8}, "Qwen3"),  # the fused Qwen rollout copy syncs from full weights only
 ])
 def test_fsdp_refusals(version, changes, refused):
-    from dllm_ais.fsdp_setup import fsdp_refusals, fsdp_version_from_env
+    from dllm_ais.train.fsdp_setup import fsdp_refusals, fsdp_version_from_env
 
     reason = fsdp_refusals(_preset(**changes), version)
     assert reason is None if refused is None else refused in reason
@@ -178,7 +178,7 @@ def test_fsdp_refusals(version, changes, refused):
 
 def test_fsdp1_with_fp8_rollouts_is_refused_before_the_run_directory_exists(tmp_path, monkeypatch):
     """What `accelerate launch --use_fsdp --fsdp_version 1` exports: refused before SFT, model or run directory."""
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")

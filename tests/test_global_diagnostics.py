@@ -13,7 +13,7 @@ import torch
 from global_diagnostics_script import rows
 from test_distributed import free_port
 
-from dllm_ais.mismatch_stats import rollout_diagnostics
+from dllm_ais.rl.mismatch_stats import rollout_diagnostics
 
 SCRIPT = Path(__file__).with_name("global_diagnostics_script.py")
 

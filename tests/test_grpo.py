@@ -1,4 +1,4 @@
-"""GRPO loss (dllm_ais/grpo.py) against a plain-loop reference, plus masking, gradients and config checks."""
+"""GRPO loss (dllm_ais/rl/grpo.py) against a plain-loop reference, plus masking, gradients and config checks."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dllm_ais import grpo as G
-from dllm_ais import rl_config
-from dllm_ais.grpo import grpo_loss
-from dllm_ais.rl_config import GRPOConfig
+from dllm_ais.rl import config as rl_config
+from dllm_ais.rl import grpo as G
+from dllm_ais.rl.config import GRPOConfig
+from dllm_ais.rl.grpo import grpo_loss
 
 NAN = float("nan")
 LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo")

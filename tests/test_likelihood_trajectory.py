@@ -8,13 +8,13 @@ import itertools
 import pytest
 import torch
 
-from dllm_ais.backend import DiffusionBackend
 from dllm_ais.config import SamplerConfig
 from dllm_ais.likelihood.logprobs import proposal_logprobs
 from dllm_ais.likelihood.ratio import coupled_log_ratio
 from dllm_ais.likelihood.trajectory import replay_logprobs, replay_plan, trajectory_log_ratio
 from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers.diffusion import diffusion_sample
+from dllm_ais.train.backend import DiffusionBackend
 
 
 def _prompts(B, P, seed):

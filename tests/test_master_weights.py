@@ -2,7 +2,7 @@
 
 import torch
 
-from dllm_ais.master_weights import MasterWeights
+from dllm_ais.train.master_weights import MasterWeights
 
 
 def _step(param, master, optimizer):

@@ -20,10 +20,10 @@ import math
 import pytest
 import torch
 
-from dllm_ais.correction import correct, rejected_loss_mask
-from dllm_ais.grpo import grpo_loss
-from dllm_ais.mismatch_stats import reject_keep, rollout_diagnostics
-from dllm_ais.rl_config import CorrectionConfig, GRPOConfig, parse_reject, parse_reject_rule
+from dllm_ais.rl.config import CorrectionConfig, GRPOConfig, parse_reject, parse_reject_rule
+from dllm_ais.rl.correction import correct, rejected_loss_mask
+from dllm_ais.rl.grpo import grpo_loss
+from dllm_ais.rl.mismatch_stats import reject_keep, rollout_diagnostics
 
 D = torch.float64
 NAN = float("nan")

@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from dllm_ais.plot import DEFAULT_KEYS, add_plot_arguments, cmd_plot, curve, moving_average, plot_runs, read_run
+from dllm_ais.analysis.plot import (
+    DEFAULT_KEYS,
+    add_plot_arguments,
+    cmd_plot,
+    curve,
+    moving_average,
+    plot_runs,
+    read_run,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -148,7 +148,7 @@ def test_trainer_uses_the_fused_copy_for_qwen3_fp8_and_keeps_it_synced(tmp_path)
     from dataclasses import replace
 
     from dllm_ais.config import get_preset
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-qwen")
     p = replace(p, train=replace(p.train, steps=2, prompts_per_step=2, sft_steps=0, rollout_precision="fp8",

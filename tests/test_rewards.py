@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from dllm_ais.rewards import RewardFailure, RewardSet, StepSkipped, TrainerState, compute_rewards
+from dllm_ais.train.rewards import RewardFailure, RewardSet, StepSkipped, TrainerState, compute_rewards
 
 PROMPTS = ["What is 1/3 as a fraction?", "Say 2."]
 COMPLETIONS = ["<think>\nhm\n</think>\nMy answer is \\boxed{\\frac{1}{3}}", "<think>\nno close tag. \\boxed{3}"]
@@ -129,7 +129,7 @@ def test_plain_callable_is_a_set_of_one():
 
 # ------------------------------------------------------------------ TRL's conversational rule on the CPU default
 def test_is_conversational_follows_trls_rule():
-    from dllm_ais.rewards import conversational_form, is_conversational
+    from dllm_ais.train.rewards import conversational_form, is_conversational
 
     assert is_conversational({"prompt": [{"role": "user", "content": "hi"}]})
     assert is_conversational({"messages": [{"role": "user", "content": "hi"}], "prompt": None})

@@ -8,8 +8,17 @@ from pathlib import Path
 import pytest
 
 from dllm_ais import metrics as M
-from dllm_ais import study, study_plan
-from dllm_ais.study_stats import holm, lagged_xcorr, min_detectable_effect, paired_t, peak_lag, t_quantile, t_sf, tost
+from dllm_ais.analysis import study, study_plan
+from dllm_ais.analysis.study_stats import (
+    holm,
+    lagged_xcorr,
+    min_detectable_effect,
+    paired_t,
+    peak_lag,
+    t_quantile,
+    t_sf,
+    tost,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,7 +211,7 @@ def test_plan_command_refuses_uncommitted_changes(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("study_corrections", REPO / "scripts" / "study_corrections.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    monkeypatch.setattr("dllm_ais.bench_env.git_commit", lambda repo: ("abc", True))
+    monkeypatch.setattr("dllm_ais.analysis.bench_env.git_commit", lambda repo: ("abc", True))
     path = tmp_path / "plan.toml"
     path.write_text(PLAN)
     with pytest.raises(SystemExit, match="uncommitted changes"):

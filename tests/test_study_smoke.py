@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dllm_ais import study
+from dllm_ais.analysis import study
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "study_corrections.py"
 REQUIRED = ("seeds", "final_reward_mean", "final_reward_ci95", "heldout_acc_mean", "heldout_acc_ci95", "lambda_mean",
@@ -109,7 +109,7 @@ def test_summarize_pairs_against_bf16_and_the_uncorrected_arm():
 def test_lambda_for_tau_matches_the_product_combiner():
     import torch
 
-    from dllm_ais.correction import combine_product, severity
+    from dllm_ais.rl.correction import combine_product, severity
 
     traj = {"ais/divergence": [0.0, 0.02, 0.3], "ais/ess_frac": [1.0, 0.9, 0.5], "ais/damping": [1.0, 1.0, 0.8]}
     for tau in (0.01, 0.1):

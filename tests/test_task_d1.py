@@ -152,7 +152,7 @@ def test_score_file_errors_are_one_line(tmp_path, capsys):
 def test_eval_protocol_d1_with_a_model_uses_d1_prompts_and_rescoring_agrees(tmp_path, capsys, monkeypatch):
     import torch
 
-    from dllm_ais.evaluate import d1_sampler, evaluate, rescore
+    from dllm_ais.analysis.evaluate import d1_sampler, evaluate, rescore
     from dllm_ais.models import load as load_module
     from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
 

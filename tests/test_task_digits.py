@@ -87,12 +87,12 @@ def test_default_sft_puts_eos_where_the_reference_does():
     (before the fix: 20 steps, raw prompts; completions stopped early, and RL then learned a 5th digit)."""
     import torch
 
+    from dllm_ais.analysis.evaluate import eval_sampler
     from dllm_ais.config import get_preset
-    from dllm_ais.evaluate import eval_sampler
     from dllm_ais.models.load import encode_prompts
     from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
-    from dllm_ais.sft import warm_up
-    from dllm_ais.train_job import _llada_backend, _sft_pairs
+    from dllm_ais.train.job import _llada_backend, _sft_pairs
+    from dllm_ais.train.sft import warm_up
 
     preset = get_preset("tiny-cpu")
     tc = preset.train

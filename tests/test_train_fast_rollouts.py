@@ -14,7 +14,7 @@ import dllm_ais.samplers.diffusion as diffusion
 from dllm_ais import metrics as M
 from dllm_ais.cli import main
 from dllm_ais.config import SamplerConfig, get_preset
-from dllm_ais.train_job import run_training
+from dllm_ais.train.job import run_training
 
 
 @pytest.fixture

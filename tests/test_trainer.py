@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import dllm_ais.trainer as trainer_module
+import dllm_ais.train.trainer as trainer_module
 from dllm_ais import metrics as M
 from dllm_ais.config import get_preset
-from dllm_ais.run_dir import CheckpointCorrupt, RunDir
-from dllm_ais.train_job import family, run_training
+from dllm_ais.train.job import family, run_training
+from dllm_ais.train.run_dir import CheckpointCorrupt, RunDir
 
 TIMING_KEYS = ("time/", "rollout/tokens_per_s")
 

@@ -236,8 +236,9 @@ def _load_rows(layer: nn.Module, offset: int, weight: torch.Tensor) -> None:
 def sync_fused_llada(master: nn.Module, rollout: FusedLLaDA, gather=None, full=None) -> None:
     """Copy the master's current weights (LoRA merged) into the fused rollout copy, in place.
 
-    `gather(module)` / `full(tensor)` (FSDP2, dllm_ais/fsdp_sync.py): a context manager that makes one master layer's
-    sharded parameters whole while it is read, and the whole of one sharded tensor; default: the master is unsharded.
+    `gather(module)` / `full(tensor)` (FSDP2, dllm_ais/train/fsdp_sync.py): a context manager that makes one master
+    layer's sharded parameters whole while it is read, and the whole of one sharded tensor; default: the master is
+    unsharded.
     """
     gather = gather or contextlib.nullcontext
     full = full or (lambda t: t)

@@ -38,8 +38,8 @@ def sync_weights(master: nn.Module, rollout: nn.Module, gather: Callable | None 
     canonical name. A fused LLaDA rollout copy (fp8/fused_llada.py) has each master tensor requantised into its slice
     of the fused buffers instead.
 
-    `gather(module)` and `full(tensor)` serve a sharded master (FSDP2, dllm_ais/fsdp_sync.py): a context manager that
-    makes one master layer's parameters whole while it is read, and the whole of one sharded tensor. Default: the
+    `gather(module)` and `full(tensor)` serve a sharded master (FSDP2, dllm_ais/train/fsdp_sync.py): a context manager
+    that makes one master layer's parameters whole while it is read, and the whole of one sharded tensor. Default: the
     master is not sharded.
     """
     gather = gather or contextlib.nullcontext

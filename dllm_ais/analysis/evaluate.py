@@ -70,7 +70,7 @@ def eval_sampler(preset: Preset, gen_length: int | None = None) -> SamplerConfig
 def _load_rows(task, split: str, data_path: str | None, limit: int | None, seed: int, task_config: dict | None):
     kwargs = {}
     if task_config:
-        from dllm_ais.train_job import task_config_kwargs
+        from dllm_ais.train.job import task_config_kwargs
 
         kwargs = task_config_kwargs(task.load, task_config)
     rows = task.load(split, data_path=data_path, limit=limit, seed=seed, **kwargs)
@@ -102,7 +102,7 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
 
     from dllm_ais.models.load import encode_prompts
     from dllm_ais.tasks.registry import get_task
-    from dllm_ais.train_job import family as model_family
+    from dllm_ais.train.job import family as model_family
 
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1.")
@@ -332,7 +332,7 @@ def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
 def _load_dir(model_dir: Path, preset: Preset):
     import torch
 
-    from dllm_ais.train_job import family
+    from dllm_ais.train.job import family
 
     load_dir = family(preset.model.family).load_dir
     model = load_dir(model_dir, dtype=getattr(torch, preset.model.dtype), device=preset.model.device)
@@ -342,8 +342,8 @@ def _load_dir(model_dir: Path, preset: Preset):
 def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path | None = None) -> EvalModel:
     """A training run's checkpoint (`ckpt`, default its latest): model/ directly, or the run's base model + adapter/
     merged."""
-    from dllm_ais.run_dir import MANIFEST, RunDir, read_run_config
-    from dllm_ais.train_job import SFT_DIR, family
+    from dllm_ais.train.job import SFT_DIR, family
+    from dllm_ais.train.run_dir import MANIFEST, RunDir, read_run_config
 
     run = RunDir(run_path)
     if not run.config_file.is_file():
@@ -400,7 +400,7 @@ def load_for_eval(model_dir: str | os.PathLike | None = None, run_dir: str | os.
     preset = get_preset(preset or "tiny-cpu") if not isinstance(preset, Preset) else preset
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
     if model_dir is None:
-        from dllm_ais.train_job import family
+        from dllm_ais.train.job import family
 
         model, tokenizer = family(preset.model.family).load(preset.model)
         return EvalModel(model, tokenizer, preset, preset.model.path or f"tiny (seed {preset.model.seed})")
@@ -480,8 +480,8 @@ def _check_out_dir(out: str | None) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run `dllm-ais eval`: evaluate at each gen length, print a table, write results under --out."""
-    from dllm_ais.run_dir import CheckpointCorrupt
-    from dllm_ais.train_flags import check_device
+    from dllm_ais.train.flags import check_device
+    from dllm_ais.train.run_dir import CheckpointCorrupt
 
     _check_out_dir(args.out)
     if args.score_file:

@@ -124,7 +124,7 @@ class DiffusionBackend:
         return est.log_ratio.float()
 
     def sft_loss(self, model, prompt_ids, prompt_mask, completion_ids, generator) -> torch.Tensor:
-        from dllm_ais.sft import sft_loss
+        from dllm_ais.train.sft import sft_loss
 
         return sft_loss(model, prompt_ids, prompt_mask, completion_ids, self.mask_token_id, generator)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from dllm_ais import metrics as M
 from dllm_ais.atomic import atomic_write_text
 
-SFT_CACHE = "sft"  # dllm_ais.train_job.SFT_DIR: run_training reuses <run>/sft when it exists
+SFT_CACHE = "sft"  # dllm_ais.train.job.SFT_DIR: run_training reuses <run>/sft when it exists
 RESULT = "result.json"
 TRAJECTORY_KEYS = (M.REWARD_MEAN, M.AIS_LAMBDA, M.AIS_ESS, M.AIS_DIVERGENCE, M.AIS_VAR_AMP, "ais/damping",
                    M.MISMATCH_KL, M.AIS_TRUNC)
@@ -75,7 +75,7 @@ def available_arms(arms: Sequence[Arm] = ARMS) -> list[Arm]:
     from dataclasses import fields
 
     from dllm_ais.config import ROLLOUT_PRECISIONS, TrainConfig
-    from dllm_ais.rl_config import CORRECTIONS, CorrectionConfig
+    from dllm_ais.rl.config import CORRECTIONS, CorrectionConfig
 
     train_fields = {f.name for f in fields(TrainConfig)}
     corr_fields = {f.name for f in fields(CorrectionConfig)}
@@ -164,7 +164,7 @@ def run_dir(work: Path, arm: Arm, seed: int) -> Path:
 
 def warm_start(cfg: StudyConfig, work: Path, seed: int) -> Path | None:
     """The seed's SFT cache (a 1-step run in <work>/sft-seed<k>, made once); None when the preset has no SFT."""
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     preset = study_preset(cfg, seed)
     if preset.train.sft_steps == 0:
@@ -189,8 +189,8 @@ def run_arm(cfg: StudyConfig, work: Path, arm: Arm, seed: int) -> dict:
     """Train one arm on one seed (from the seed's SFT cache), evaluate held-out accuracy; returns result.json."""
     import torch
 
-    from dllm_ais.evaluate import eval_sampler, evaluate
-    from dllm_ais.train_job import run_training
+    from dllm_ais.analysis.evaluate import eval_sampler, evaluate
+    from dllm_ais.train.job import run_training
 
     run = run_dir(work, arm, seed)
     done = run / RESULT

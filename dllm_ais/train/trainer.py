@@ -17,20 +17,20 @@ from pathlib import Path
 
 import torch
 
-from dllm_ais import fsdp_setup
 from dllm_ais import metrics as M
-from dllm_ais.advantages import group_advantages
-from dllm_ais.backend import Backend
 from dllm_ais.config import Preset
-from dllm_ais.correction import CorrectionOutput, rejected_loss_mask
-from dllm_ais.distributed import correct_global, gather_rows, global_sum, rollout_diagnostics_global
-from dllm_ais.error_tokens import error_keep, repeated_ngram_fraction
-from dllm_ais.grpo import grpo_loss
-from dllm_ais.master_weights import MasterWeights
-from dllm_ais.mismatch_stats import k1, masked_mean
 from dllm_ais.models.load import encode_prompts
-from dllm_ais.rewards import RewardSet, StepSkipped, TrainerState, conversational_form
-from dllm_ais.run_dir import RunDir
+from dllm_ais.rl.advantages import group_advantages
+from dllm_ais.rl.correction import CorrectionOutput, rejected_loss_mask
+from dllm_ais.rl.error_tokens import error_keep, repeated_ngram_fraction
+from dllm_ais.rl.grpo import grpo_loss
+from dllm_ais.rl.mismatch_stats import k1, masked_mean
+from dllm_ais.train import fsdp_setup
+from dllm_ais.train.backend import Backend
+from dllm_ais.train.distributed import correct_global, gather_rows, global_sum, rollout_diagnostics_global
+from dllm_ais.train.master_weights import MasterWeights
+from dllm_ais.train.rewards import RewardSet, StepSkipped, TrainerState, conversational_form
+from dllm_ais.train.run_dir import RunDir
 
 TOKEN_MEAN_LOSSES = ("bnpo", "dapo")
 """GRPO loss types normalised by the number of counted tokens of the global batch, as TRL does (every micro-batch
@@ -209,7 +209,7 @@ class Trainer:
     def _sync_rollout(self) -> None:
         if self.rollout_model is not self.master:
             if self.fsdp:  # sharded master: gather one layer's full weights at a time
-                from dllm_ais.fsdp_sync import sync_weights_sharded
+                from dllm_ais.train.fsdp_sync import sync_weights_sharded
 
                 sync_weights_sharded(self.master, self.rollout_model)
                 return
@@ -291,7 +291,7 @@ class Trainer:
         main = self.acc.is_main_process
         full_model = contextlib.nullcontext()
         if self.fsdp:
-            from dllm_ais.fsdp_checkpoint import full_on_main, full_optimizer_state
+            from dllm_ais.train.fsdp_checkpoint import full_on_main, full_optimizer_state
 
             optimizer_state = full_optimizer_state(self.optimizer, main)
             full_model = full_on_main(self.master, main)
@@ -316,7 +316,7 @@ class Trainer:
         RunDir.verify(ckpt)
         state = RunDir.load_state(ckpt)
         if self.fsdp:  # full tensors in the checkpoint: scatter them into this process's shards
-            from dllm_ais.fsdp_checkpoint import load_full_optimizer_state, loading_full
+            from dllm_ais.train.fsdp_checkpoint import load_full_optimizer_state, loading_full
 
             with loading_full(self.master):
                 self.policy.load_model_state(self.master, ckpt)

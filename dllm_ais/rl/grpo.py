@@ -6,7 +6,7 @@ Per token t of sequence i (TRL's GRPOTrainer, written out):
            = exp(mean_t (logp_train − logp_old))  [B, 1]      importance_sampling_level = sequence (GSPO)
     surr   = −min(r Â_i, clip(r, 1 − ε, 1 + ε_high) Â_i)
     kl     = exp(logp_ref − logp_train) − (logp_ref − logp_train) − 1              (k3)
-    ℓ_it   = ω · surr + β · kl                                ω: [B] or [B, L], detached (dllm_ais/correction.py)
+    ℓ_it   = ω · surr + β · kl                                ω: [B] or [B, L], detached (dllm_ais/rl/correction.py)
     loss   = aggregate(ℓ) by loss_type
 
 loss_type = tbpo (trust-band policy optimisation, this project's reading of QaRL; docs/corrections.md §TBPO): the
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from dllm_ais.metrics import CORR_REJECT_FRAC, LOSS_OFF_POLICY_MASKED
-from dllm_ais.mismatch_stats import chain_keep
-from dllm_ais.rl_config import CorrectionConfig, GRPOConfig
+from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
+from dllm_ais.rl.mismatch_stats import chain_keep
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
     logp_old:   [B, L] log π_old (rollout-time BF16 policy), treated as a constant.
     adv:        [B] advantages Â.
     mask:       [B, L] bool, tokens that count; other positions may hold anything, NaN included.
-    weights:    None, [B] or [B, L]: ω from dllm_ais.correction (detached here); multiplies the surrogate.
+    weights:    None, [B] or [B, L]: ω from dllm_ais.rl.correction (detached here); multiplies the surrogate.
     logp_ref:   [B, L] reference log-probs; required when cfg.beta > 0 (logged as `kl` whenever given).
     logp_rollout: [B, L] log μ (rollout policy) for cfg.off_policy_mask_threshold; None = logp_old (TRL without vLLM).
     bypass_correction: in bypass mode (π_old = μ) the correction config whose rejection rules act here on

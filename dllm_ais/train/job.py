@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from dllm_ais.backend import DiffusionBackend
 from dllm_ais.config import Preset
-from dllm_ais.run_dir import RunDir
-from dllm_ais.trainer import Policy, Trainer
+from dllm_ais.train.backend import DiffusionBackend
+from dllm_ais.train.run_dir import RunDir
+from dllm_ais.train.trainer import Policy, Trainer
 
 SFT_DIR = "sft"
 SFT_PARTIAL = "sft-partial.pt"
@@ -22,8 +22,8 @@ SFT_PARTIAL = "sft-partial.pt"
 
 def task_rows_and_reward(preset: Preset):
     """Training rows and the reward function (the task's, or the user's by import path)."""
-    from dllm_ais.rewards import load_reward_set
     from dllm_ais.tasks.registry import get_task
+    from dllm_ais.train.rewards import load_reward_set
 
     tc = preset.train
     try:
@@ -109,7 +109,7 @@ def _llada_backend(sampler, model, tokenizer, train=None):
 
 
 def _qwen_backend(sampler, model, tokenizer, train=None):
-    from dllm_ais.backend import AutoregressiveBackend
+    from dllm_ais.train.backend import AutoregressiveBackend
 
     stops: list[int] = []
     for cfg in (model.config, getattr(model, "generation_config", None)):  # Qwen3 lists <|endoftext|> only in the
@@ -137,7 +137,7 @@ def family(name: str) -> Family:
 
 def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress: bool) -> Policy:
     """Master model (SFT-warmed and cached in <out>/sft when asked), optional LoRA, backend, checkpoint I/O."""
-    from dllm_ais.sft import warm_up
+    from dllm_ais.train.sft import warm_up
 
     tc, mc = preset.train, preset.model
     family_ = family(mc.family)
@@ -189,11 +189,11 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     """Create/resume the run in `out` and train to the end; returns the finished Trainer.
 
     A resumed run uses the configuration saved in `out`; `steps` / `save_every` (if given) change it, and the change
-    is recorded in config.json (the CLI refuses every other flag on resume: dllm_ais/train_flags.py).
+    is recorded in config.json (the CLI refuses every other flag on resume: dllm_ais/train/flags.py).
     """
     from accelerate import PartialState
 
-    from dllm_ais.fsdp_setup import check_fsdp
+    from dllm_ais.train.fsdp_setup import check_fsdp
 
     state = PartialState(cpu=preset.model.device == "cpu")  # one process, or one per `accelerate launch` rank
     run = RunDir(out)

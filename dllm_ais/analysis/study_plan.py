@@ -28,9 +28,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dllm_ais import metrics as M
-from dllm_ais import study
+from dllm_ais.analysis import study
+from dllm_ais.analysis.study_stats import (
+    differences,
+    holm,
+    lagged_xcorr,
+    min_detectable_effect,
+    paired_t,
+    peak_lag,
+    tost,
+)
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.study_stats import differences, holm, lagged_xcorr, min_detectable_effect, paired_t, peak_lag, tost
 
 CORRECTIONS = ("none", "tis", "ais")
 """Corrections of every stress regime unless its table lists others."""
@@ -214,11 +222,11 @@ def lambda_lead_lag(trajectory: dict[str, list[float]], max_lag: int = 10) -> di
 
 def validation_rows(preset, seed: int, limit: int) -> list[dict]:
     """A validation split: `limit` train-split problems drawn with another seed, minus the run's training rows."""
-    from dllm_ais.train_job import task_rows_and_reward
+    from dllm_ais.train.job import task_rows_and_reward
 
     task, train_rows, _ = task_rows_and_reward(preset)
     seen = {r["prompt"] for r in train_rows}
-    from dllm_ais.train_job import task_config_kwargs
+    from dllm_ais.train.job import task_config_kwargs
 
     extra = task.load("train", seed=seed + 100_003, limit=limit * 2,
                       **task_config_kwargs(task.load, preset.train.task_config))
@@ -229,7 +237,7 @@ def _evaluate(model, tokenizer, preset, plan: Plan, temperature: float, split: s
               data_path: str | None = None) -> dict:
     import torch
 
-    from dllm_ais.evaluate import eval_sampler, evaluate
+    from dllm_ais.analysis.evaluate import eval_sampler, evaluate
 
     with torch.no_grad():
         return evaluate(model, tokenizer, preset.train.task, eval_sampler(preset), split=split, data_path=data_path,
@@ -242,7 +250,7 @@ def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
     path = study.sft_dir(work, seed) / "sft_scores.json"
     if path.is_file():
         return json.loads(path.read_text())
-    from dllm_ais.train_job import family
+    from dllm_ais.train.job import family
 
     cache = study.warm_start(plan.config, work, seed)
     preset = study.study_preset(plan.config, seed)
@@ -266,7 +274,7 @@ def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit:
     its latest checkpoint (the trainer saves one at the end and on interruption), or starts again if it has none."""
     import torch
 
-    from dllm_ais.train_job import run_training
+    from dllm_ais.train.job import run_training
 
     run = study.run_dir(work, arm, seed)
     done = run / study.RESULT
@@ -414,7 +422,7 @@ def summarize_plan(plan: Plan, results: Sequence[dict], sft: dict[int, dict]) ->
 
 def _ci(diffs: Sequence[float], level: float) -> list[float]:
     """Two-sided `level` t-interval of the mean (TOST's 1 − 2α interval with level = 1 − 2α)."""
-    from dllm_ais.study_stats import t_quantile
+    from dllm_ais.analysis.study_stats import t_quantile
 
     r = paired_t(diffs)
     half = t_quantile(0.5 + level / 2, r["n"] - 1) * r["sd"] / math.sqrt(r["n"])

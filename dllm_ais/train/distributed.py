@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import torch
 
-from dllm_ais.correction import CorrectionOutput, correct
-from dllm_ais.mismatch_stats import rollout_diagnostics
-from dllm_ais.rl_config import CorrectionConfig
+from dllm_ais.rl.config import CorrectionConfig
+from dllm_ais.rl.correction import CorrectionOutput, correct
+from dllm_ais.rl.mismatch_stats import rollout_diagnostics
 
 
 def gather_rows(acc, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], slice]:

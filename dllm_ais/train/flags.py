@@ -54,7 +54,7 @@ def check_combinations(typed: dict[str, object], preset: Preset) -> None:
     for flag, used, needs in NEEDS:
         if flag in typed and not used(preset):
             raise ValueError(f"{flag} has no effect here: it needs {needs}; drop {flag} or add that.")
-    from dllm_ais.rl_config import TRL_ALIASES
+    from dllm_ais.rl.config import TRL_ALIASES
 
     alias, level = typed.get("--correction"), typed.get("--correction-level")
     if alias in TRL_ALIASES and level is not None and level != TRL_ALIASES[alias][1]:

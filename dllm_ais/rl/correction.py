@@ -2,7 +2,7 @@
 
 Input: mismatch log-weights log_w = logp_old − logp_rollout, per sequence ([B]) or per token ([B, L]), the
 advantages Â ([B]) and the completion mask ([B, L]). Output: a detached weight ω that multiplies the per-token GRPO
-surrogate (dllm_ais/grpo.py), plus every diagnostic. The formulas, with the token-level reading, are in docs/ais.md.
+surrogate (dllm_ais/rl/grpo.py), plus every diagnostic. The formulas, with the token-level reading, are in docs/ais.md.
 
 A "sample" is a sequence at sequence level and a counted token at token level; every diagnostic is a plain average
 over the valid samples:
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import torch
 
 from dllm_ais.metrics import reject_frac_key
-from dllm_ais.mismatch_stats import chain_keep, k3, masked_mean
-from dllm_ais.rl_config import CorrectionConfig
+from dllm_ais.rl.config import CorrectionConfig
+from dllm_ais.rl.mismatch_stats import chain_keep, k3, masked_mean
 
 VAR_EPS = 1e-12
 """Var(Â) at or below this counts as zero (advantages are O(1); std 1e-6 carries no signal): then V := 1."""

@@ -107,7 +107,7 @@ def _one_of(owner: str, name: str, value: object, allowed: tuple[str, ...]) -> N
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Group-relative advantages and the clipped GRPO surrogate (dllm_ais/advantages.py, dllm_ais/grpo.py)."""
+    """Group-relative advantages and the clipped GRPO surrogate (dllm_ais/rl/advantages.py, dllm_ais/rl/grpo.py)."""
 
     num_generations: int = 8
     """G: completions sampled per prompt. Rewards are laid out [num_prompts * G], each prompt's G contiguous."""
@@ -198,7 +198,7 @@ class GRPOConfig:
 
 @dataclass(frozen=True)
 class CorrectionConfig:
-    """FP8-rollout mismatch correction (dllm_ais/correction.py; formulas in docs/ais.md)."""
+    """FP8-rollout mismatch correction (dllm_ais/rl/correction.py; formulas in docs/ais.md)."""
 
     correction: str = "ais"
     """`none` (ω ≡ 1), `is` (ω = w), `tis` (ω = min(w, C)), `mis` (ω = w, or 0 where w > C or w < C_min), `band`
