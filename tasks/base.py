@@ -33,6 +33,12 @@ RewardFn = Callable[..., list[float]]
 """``reward(prompts, completions, **columns) -> list[float]`` (TRL's signature)."""
 
 
+def reward_columns(rows: Sequence[dict[str, Any]], exclude: Sequence[str] = ("prompt",)) -> dict[str, list]:
+    """Rows with the same keys -> the reward function's ``columns``: {key: [value of each row]} for every key not in
+    ``exclude`` (TRL passes every dataset column but the prompt and completion ones)."""
+    return {k: [row[k] for row in rows] for k in rows[0] if k not in exclude}
+
+
 @dataclass(frozen=True)
 class Task:
     """One task: how to load it, how to prompt for it, how to score a completion."""

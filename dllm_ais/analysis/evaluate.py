@@ -142,7 +142,6 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         model.train(was_training)
     seconds = time.perf_counter() - t0
 
-    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
     rewards, accuracy = score_completions(task_name, protocol, prompts, completions, rows)
     n = len(rows)
     chat = bool(task.use_chat_template and getattr(tokenizer, "chat_template", None))
@@ -159,8 +158,8 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         lines = [json.dumps({"index": i, "prompt": p, "completion": c, "reward": r, "completion_tokens": t,
-                             **{k: v[i] for k, v in columns.items()}}, default=str)
-                 for i, (p, c, r, t) in enumerate(zip(prompts, completions, rewards, lengths, strict=True))]
+                             **{k: v for k, v in row.items() if k != "prompt"}}, default=str)
+                 for i, (p, c, r, t, row) in enumerate(zip(prompts, completions, rewards, lengths, rows, strict=True))]
         atomic_write_text(out / "generations.jsonl", "\n".join(lines) + "\n")
         atomic_write_text(out / "scores.json", json.dumps(scores, indent=2, default=str) + "\n")
     return scores
@@ -180,14 +179,14 @@ def score_completions(task_name: str, protocol: str, prompts: list, completions:
     strict: the task's reward, accuracy = mean reward. d1: (correct, total) per row from tasks/d1.py, reward =
     correct / total, accuracy = Σ correct / Σ total (= the mean for 0/1 tasks; Sudoku: correct cells / empty cells).
     """
+    from dllm_ais.tasks.base import reward_columns
     from dllm_ais.tasks.registry import get_task
 
     if protocol == "d1":
         pairs = [d1.score(task_name, text, row) for text, row in zip(completions, rows, strict=True)]
         total = sum(t for _, t in pairs)
         return [c / t if t else 0.0 for c, t in pairs], (sum(c for c, _ in pairs) / total if total else 0.0)
-    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    rewards = [float(v) for v in get_task(task_name).reward(prompts, completions, **columns)]
+    rewards = [float(v) for v in get_task(task_name).reward(prompts, completions, **reward_columns(rows))]
     if len(rewards) != len(rows):
         raise RuntimeError(f"task {task_name!r} reward returned {len(rewards)} values for {len(rows)} completions.")
     return rewards, sum(rewards) / len(rows)

@@ -51,15 +51,21 @@ def gather_rows(acc, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], slice]
 
 def correct_global(acc, log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: CorrectionConfig,
                    prev_lam: torch.Tensor | float | None = None, *,
-                   token_log_w: torch.Tensor | None = None) -> CorrectionOutput:
+                   token_log_w: torch.Tensor | None = None, global_mask: torch.Tensor | None = None
+                   ) -> CorrectionOutput:
     """`correct()` over the rows of every process; ω is sliced back to this process's rows.
 
     log_w: [B] or [B, L] (by cfg.correction_level), adv: [B], mask: [B, L] bool, token_log_w: None or [B, L] (for
-    divergence rejection) — this process's rows. Every diagnostic (λ, R, D, V, min/max log-weights …) is the global
-    batch's, identical on every rank.
+    divergence rejection) — this process's rows; global_mask: the gathered mask when the caller already has it (not
+    gathered again). Every diagnostic (λ, R, D, V, min/max log-weights …) is the global batch's, identical on every
+    rank.
     """
     extra = () if token_log_w is None else (token_log_w,)
-    (g_log_w, g_adv, g_mask, *g_extra), rows = gather_rows(acc, log_w, adv, mask, *extra)
+    local = (log_w, adv, *extra) if global_mask is not None else (log_w, adv, mask, *extra)
+    gathered, rows = gather_rows(acc, *local)
+    if global_mask is not None:
+        gathered.insert(2, global_mask)
+    g_log_w, g_adv, g_mask, *g_extra = gathered
     out = correct(g_log_w, g_adv, g_mask, cfg, prev_lam=prev_lam, token_log_w=g_extra[0] if g_extra else None)
     omega = out.omega[rows]  # [B] or [B, L_max]
     if omega.dim() == 2:

@@ -135,7 +135,9 @@ class RewardSet:
                  completion_ids: list[list[int]] | None = None, trainer_state: TrainerState | None = None,
                  conversational: bool = False) -> RewardOutput:
         """Score `completions` (plain texts) of `prompts` (plain texts) with every function; `rows` give the columns."""
-        columns = {k: [r[k] for r in rows] for k in rows[0] if k not in EXCLUDED_COLUMNS}
+        from dllm_ais.tasks.base import reward_columns
+
+        columns = reward_columns(rows, EXCLUDED_COLUMNS)
         if conversational:
             prompts, completions = as_messages(prompts, completions)
         if completion_ids is None:

@@ -24,10 +24,10 @@ from dllm_ais.rl.advantages import group_advantages
 from dllm_ais.rl.correction import CorrectionOutput, rejected_loss_mask
 from dllm_ais.rl.error_tokens import error_keep, repeated_ngram_fraction
 from dllm_ais.rl.grpo import grpo_loss
-from dllm_ais.rl.mismatch_stats import k1, masked_mean
+from dllm_ais.rl.mismatch_stats import k1, masked_mean, rollout_diagnostics
 from dllm_ais.train import fsdp_setup
 from dllm_ais.train.backend import Backend
-from dllm_ais.train.distributed import correct_global, gather_rows, global_sum, rollout_diagnostics_global
+from dllm_ais.train.distributed import correct_global, gather_rows, global_sum
 from dllm_ais.train.master_weights import MasterWeights
 from dllm_ais.train.rewards import RewardSet, StepSkipped, TrainerState, conversational_form
 from dllm_ais.train.run_dir import RunDir
@@ -261,21 +261,25 @@ class Trainer:
                                                                   self.acc.device), "sequence")
             else:  # token / geometric: the per-token log-ratios (LLaDA: one-step estimator, same masks as π_old)
                 log_w = token_log_w
-            diag = rollout_diagnostics_global(self.acc, logp_old, logp_roll, mask, cc.log_w_clamp)  # global batch
+            # the global batch's rows, gathered once for every statistic below and for the correction
+            (g_old, g_roll, g_mask), _ = gather_rows(self.acc, logp_old, logp_roll, mask)
+            diag = rollout_diagnostics(g_old, g_roll, g_mask, cc.log_w_clamp)
             metrics = {M.DIAGNOSTIC_NAMES[k]: float(v) for k, v in diag.items()}
             recorded = rollout.logp_rollout if rollout.logp_rollout is not None else logp_roll  # [B, L]
             metrics[M.ROLLOUT_LOGP_MU] = float(torch.where(mask, recorded, 0).sum(-1).mean())  # concentration
             if cc.train_forward == "aligned":  # what alignment removed: the plain forward on the same rollouts
                 plain = backend.token_logp(self.master, rollout, seed)
-                (g_plain, g_roll, g_mask), _ = gather_rows(self.acc, plain, logp_roll, mask)  # global batch
+                (g_plain,), _ = gather_rows(self.acc, plain)
                 metrics[M.MISMATCH_KL_TOKEN_BF16] = float(masked_mean(k1(g_plain.double() - g_roll.double()), g_mask))
                 if cc.correction_level == "sequence":  # same mask draws (same generator seed) as the aligned ℓ
                     plain_lw = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
                         self.tc.seed, self.step, "mismatch", self.acc.device), "sequence")  # [B]
-                    (plain_lw, lengths), _ = gather_rows(self.acc, plain_lw, mask.sum(-1))
+                    (plain_lw,), _ = gather_rows(self.acc, plain_lw)
+                    lengths = g_mask.sum(-1)  # [B_global]
                     metrics[M.MISMATCH_KL_BF16] = float(masked_mean(-plain_lw / lengths.clamp(min=1), lengths > 0))
         # over the rows of every process: λ is the global batch's, identical on every rank
-        corr = correct_global(self.acc, log_w, adv, mask, cc, prev_lam=self.prev_lam, token_log_w=token_log_w)
+        corr = correct_global(self.acc, log_w, adv, mask, cc, prev_lam=self.prev_lam, token_log_w=token_log_w,
+                              global_mask=g_mask)
         metrics.update(corr.metrics())
         return corr, metrics, logp_roll
 
