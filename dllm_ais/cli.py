@@ -160,6 +160,7 @@ FIELD_FLAGS = {
     "--block-length", "SamplerConfig.temperature": "--temperature", "SamplerConfig.remasking": "--remasking",
     "SamplerConfig.cfg_scale": "--cfg-scale", "CorrectionConfig.correction": "--correction",
     "TrainConfig.fp4_format": "--fp4-format", "TrainConfig.tensorboard": "--tensorboard",
+    "TrainConfig.grad_diagnostics_every": "--grad-diagnostics-every",
     "CorrectionConfig.correction_level": "--correction-level", "CorrectionConfig.is_cap": "--is-cap",
     "CorrectionConfig.is_cap_min": "--is-cap-min", "CorrectionConfig.band": "--band",
     "CorrectionConfig.band_low": "--band", "CorrectionConfig.band_high": "--band",
@@ -210,7 +211,8 @@ def _train_preset(args: argparse.Namespace, base=None):
                      rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
                      fp4_format=args.fp4_format,
                      learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
-                     save_every=args.save_every, tensorboard=args.tensorboard or None)
+                     save_every=args.save_every, tensorboard=args.tensorboard or None,
+                     grad_diagnostics_every=args.grad_diagnostics_every)
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
     train = override(train, mismatch_estimator=args.mismatch_estimator, trajectory_steps=args.trajectory_steps)
@@ -476,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "Ctrl-C only)")
     run.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb (needs the tensorboard "
                      "extra: pip install 'dllm-ais[tensorboard]')")
+    run.add_argument("--grad-diagnostics-every", type=int, default=None, metavar="N", help="every N steps log how "
+                     "far the correction moves the policy gradient vs the minibatch noise (grad/*; 3 extra "
+                     "forward+backward passes on those steps; one process)")
     run.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: the usable cores "
                      "minus one, at least 1: with every core busy, one more process on the machine slows each step "
                      "about 10x; see README)")

@@ -165,13 +165,17 @@ class TrainConfig:
     """Seed for data order, rollouts and estimator noise (every random draw derives from it and the step)."""
     tensorboard: bool = False
     """Also log to tensorboard under <out>/tb."""
+    grad_diagnostics_every: int = 0
+    """Every this many steps (0 = never), measure how far the correction moves the policy gradient against the
+    minibatch noise (grad/correction_shift, grad/noise, grad/shift_to_noise; dllm_ais/train/grad_diagnostics.py):
+    three extra forward + backward passes on those steps, the update unchanged. One process, ≥ 2 prompts per step."""
 
     def __post_init__(self):
         for name in ("steps", "prompts_per_step", "gradient_accumulation_steps", "mismatch_num_draws",
                      "sft_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1.")
-        for name in ("warmup_steps", "sft_steps", "save_every", "lora_r"):
+        for name in ("warmup_steps", "sft_steps", "save_every", "lora_r", "grad_diagnostics_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0.")
         if self.rollout_precision not in ROLLOUT_PRECISIONS:
@@ -188,6 +192,10 @@ class TrainConfig:
                              f"{', '.join(MISMATCH_ESTIMATORS)}.")
         if self.trajectory_steps is not None and self.trajectory_steps < 1:
             raise ValueError(f"TrainConfig.trajectory_steps={self.trajectory_steps} must be >= 1 (or None: all).")
+        if self.grad_diagnostics_every and self.prompts_per_step < 2:
+            raise ValueError(f"TrainConfig.grad_diagnostics_every needs prompts_per_step >= 2 (the noise estimate "
+                             f"splits the batch's prompt groups in two), got {self.prompts_per_step}; raise it or "
+                             "set grad_diagnostics_every to 0.")
 
 
 @dataclass(frozen=True)

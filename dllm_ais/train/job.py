@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from dllm_ais.config import Preset
+from dllm_ais.train import grad_diagnostics
 from dllm_ais.train.backend import DiffusionBackend
 from dllm_ais.train.run_dir import RunDir
 from dllm_ais.train.trainer import Policy, Trainer
@@ -206,6 +207,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     if save_every is not None:
         preset = replace(preset, train=replace(preset.train, save_every=save_every))
     check_fsdp(preset)  # what this preset cannot train under accelerate's FSDP settings: refused before any write
+    if preset.train.grad_diagnostics_every and state.num_processes > 1:
+        raise ValueError(grad_diagnostics.ONE_PROCESS)
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
     if not resume:
         check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind

@@ -25,7 +25,7 @@ from dllm_ais.rl.correction import CorrectionOutput, rejected_loss_mask
 from dllm_ais.rl.error_tokens import error_keep, repeated_ngram_fraction
 from dllm_ais.rl.grpo import grpo_loss
 from dllm_ais.rl.mismatch_stats import k1, masked_mean, rollout_diagnostics
-from dllm_ais.train import fsdp_setup
+from dllm_ais.train import fsdp_setup, grad_diagnostics
 from dllm_ais.train.backend import Backend
 from dllm_ais.train.distributed import correct_global, gather_rows, global_sum
 from dllm_ais.train.master_weights import MasterWeights
@@ -404,6 +404,13 @@ class Trainer:
         t2 = time.perf_counter()
         with torch.no_grad():
             logp_ref = [self._ref_logp(rollout, s) for s in seeds] if cfg.grpo.beta > 0 else None
+        if tc.grad_diagnostics_every and step % tc.grad_diagnostics_every == 0:  # θ before this step's update
+            self.model.train()
+            ref0 = None if logp_ref is None else logp_ref[0]
+            row.update(grad_diagnostics.measure(
+                lambda idx, w: self._loss(rollout, idx, adv, w, logp_old[0], ref0, seeds[0], loss_mask, logp_roll).loss,
+                [p for p in self.model.parameters() if p.requires_grad], corr.omega, loss_mask, G,
+                cfg.grpo.loss_type in TOKEN_MEAN_LOSSES, tc.gradient_accumulation_steps))
         losses = []
         for it, seed in enumerate(seeds):
             out = self._update(rollout, adv, corr.omega, logp_old[it], None if logp_ref is None else logp_ref[it],
@@ -426,7 +433,7 @@ class Trainer:
     def _update(self, rollout, adv, omega, logp_old, logp_ref, seed, mask, logp_roll) -> dict[str, float] | None:
         """One optimizer update over the batch (micro-batched); None if the loss was not finite (skipped).
         logp_roll [B, L]: log μ under the first iteration's masks (GRPOConfig.off_policy_mask_threshold reads it)."""
-        cfg, backend = self.cfg, self.policy.backend
+        cfg = self.cfg
         self.model.train()
         B = adv.shape[0]
         chunks = [c for c in torch.arange(B, device=adv.device).tensor_split(self.tc.gradient_accumulation_steps)
@@ -442,12 +449,7 @@ class Trainer:
             # forward: DDP decides there whether the backward synchronises)
             sync = contextlib.nullcontext() if i == len(chunks) - 1 else self.acc.no_sync(self.model)
             with sync:
-                with self._train_forward():
-                    logp = backend.token_logp(self.model, rollout, seed, rows=idx)
-                out = grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo,
-                                weights=omega[idx], logp_ref=None if logp_ref is None else logp_ref[idx],
-                                logp_rollout=logp_roll[idx],
-                                bypass_correction=cfg.correction if cfg.correction.bypass else None)
+                out = self._loss(rollout, idx, adv, omega[idx], logp_old, logp_ref, seed, mask, logp_roll)
                 # Each chunk's loss is a mean over its sequences (grpo, dr_grpo) or its tokens (bnpo, dapo); weight it
                 # by its share of the batch's sequences or tokens, so the sum equals the full-batch loss.
                 share = (mask[idx].sum() / tokens_per_process) if token_mean else idx.numel() / B
@@ -477,6 +479,15 @@ class Trainer:
         self.scheduler.step()
         self._zero_grad()
         return metrics
+
+    def _loss(self, rollout, idx, adv, weights, logp_old, logp_ref, seed, mask, logp_roll):
+        """The GRPO loss over rows idx alone, ω = weights ([len(idx)] or [len(idx), L]): the update's, per chunk."""
+        cfg = self.cfg
+        with self._train_forward():
+            logp = self.policy.backend.token_logp(self.model, rollout, seed, rows=idx)
+        return grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo, weights=weights,
+                         logp_ref=None if logp_ref is None else logp_ref[idx], logp_rollout=logp_roll[idx],
+                         bypass_correction=cfg.correction if cfg.correction.bypass else None)
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
