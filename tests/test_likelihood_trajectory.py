@@ -171,8 +171,9 @@ def test_step_subsampling_is_unbiased():
 
 # ------------------------------------------------------------------------------ exact enumeration, 4-token outputs
 @torch.no_grad()
-def _subset_logprobs(model, prompt_ids, prompt_mask, y, T):
-    """log p(y_j | canvas with the positions in subset s filled) for every subset s and position j: [B, 2^L, L]."""
+def _subset_logits(model, prompt_ids, prompt_mask, y):
+    """Logits at every position of the canvas with the positions in subset s filled, for every subset s of the
+    completion's L positions: [B, 2^L, L, V]."""
     B, L = y.shape
     mask_id = model.config.mask_token_id
     bits = torch.tensor([[(s >> j) & 1 for j in range(L)] for s in range(2 ** L)], dtype=torch.bool)  # [S, L]
@@ -181,7 +182,14 @@ def _subset_logprobs(model, prompt_ids, prompt_mask, y, T):
     ids = torch.cat([prompt_ids[:, None].expand(-1, S, -1), canvas], -1).flatten(0, 1)
     attn = torch.cat([prompt_mask[:, None].expand(-1, S, -1), torch.ones_like(canvas, dtype=torch.bool)], -1)
     logits = model(input_ids=ids, attention_mask=attn.flatten(0, 1), positions=slice(P, None)).logits
-    return proposal_logprobs(logits, y[:, None].expand(-1, S, -1).flatten(0, 1), T, mask_id).view(B, S, L).double()
+    return logits.view(B, S, L, -1)
+
+
+def _subset_logprobs(model, prompt_ids, prompt_mask, y, T):
+    """log p(y_j | canvas with the positions in subset s filled) for every subset s and position j: [B, 2^L, L]."""
+    logits = _subset_logits(model, prompt_ids, prompt_mask, y)
+    S = logits.shape[1]
+    return proposal_logprobs(logits, y[:, None].expand(-1, S, -1), T, model.config.mask_token_id).double()
 
 
 def _path_logprob(lp, order):
@@ -271,17 +279,9 @@ def test_correlation_with_the_exact_sequence_log_ratio(copy_fn):
 def _subset_distributions(model, prompt_ids, prompt_mask, y):
     """For every subset s of committed positions and every position j, two [B, 2^L, L, V] float64 distributions: the
     T = 1 proposal (mask token removed) and the full softmax the low-confidence sampler reads its confidence from."""
-    B, L = y.shape
-    mask_id = model.config.mask_token_id
-    bits = torch.tensor([[(s >> j) & 1 for j in range(L)] for s in range(2 ** L)], dtype=torch.bool)  # [S, L]
-    canvas = torch.where(bits[None], y[:, None], mask_id)  # [B, S, L]
-    S, P = bits.shape[0], prompt_ids.shape[1]
-    ids = torch.cat([prompt_ids[:, None].expand(-1, S, -1), canvas], -1).flatten(0, 1)
-    attn = torch.cat([prompt_mask[:, None].expand(-1, S, -1), torch.ones_like(canvas, dtype=torch.bool)], -1)
-    logits = model(input_ids=ids, attention_mask=attn.flatten(0, 1), positions=slice(P, None)).logits.double()
-    full = logits.softmax(-1).view(B, S, L, -1)
-    proposal = logits.index_fill(-1, torch.tensor([mask_id]), -torch.inf).softmax(-1).view(B, S, L, -1)
-    return proposal, full
+    logits = _subset_logits(model, prompt_ids, prompt_mask, y).double()
+    proposal = logits.index_fill(-1, torch.tensor([model.config.mask_token_id]), -torch.inf).softmax(-1)
+    return proposal, logits.softmax(-1)
 
 
 def _exact_low_confidence_log_prob(proposal, full, y):
