@@ -323,6 +323,16 @@ PRESETS: dict[str, Preset] = {
                            prompts_per_step=8, learning_rate=5e-4, sft_steps=25, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
                           max_completion_length=13, num_iterations=2)),
+        # study-cpu-16: a PILOT CANDIDATE for the study's testbed (not registered in any plan): study-cpu with 16-digit
+        # strings (completions of 17 counted tokens: Var ℓ ≈ 2·L·κ about 1.3× study-cpu's, aiming at a final stress
+        # ESS ≤ 0.9, which 12 digits missed at 0.909-0.994) and SFT 40 steps (the SFT that taught 12 digits and the
+        # stop; at 16 digits it should leave RL more to learn). Pilot: benchmarks/study/pilot-16/.
+        Preset("study-cpu-16", "Pilot candidate for the corrections study: study-cpu with 16-digit strings.",
+               ModelConfig(), SamplerConfig(gen_length=17, block_length=17, steps=17, temperature=1.0),
+               TrainConfig(task="digits", task_config={"op": "shift", "length": 16}, steps=80,
+                           prompts_per_step=8, learning_rate=5e-4, sft_steps=40, mismatch_num_draws=2),
+               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
+                          max_completion_length=17, num_iterations=2)),
         # tiny-cpu-arith: the earlier tiny-cpu (single-digit arith); benchmarks/study/ was produced on it (the study
         # pins this preset and overrides β = 0 and its run size, see dllm_ais/analysis/study.py).
         Preset("tiny-cpu-arith", "The earlier tiny-cpu on single-digit arith: the testbed of benchmarks/study/.",
