@@ -139,12 +139,12 @@ def run_plan_command(args, argv: list[str]) -> int:
             "git_sha": sha, "uncommitted_changes": bool(dirty), "pilot": args.pilot}
     log = lambda line: print(line, flush=True)  # noqa: E731
     if args.calibrate:
-        summary = {**meta, "calibration": study_plan.run_calibration(plan, work, log=log)}
+        summary = {**meta, "calibration": study_plan.run_calibration(plan, work, log=log, workers=args.workers)}
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
         print(f"wrote {out / 'summary.json'}")
         return 0
-    study_plan.run_plan(plan, work, wanted, seeds, log=log)
+    study_plan.run_plan(plan, work, wanted, seeds, log=log, workers=args.workers)
     results = study.collect(work, study_plan.arms(plan, include_missing=True), seeds)  # every finished run, also
     sft = {s: study_plan.sft_scores(plan, work, s) for s in seeds}  # those of earlier commands (other --arms)
     summary = {**meta, "preset": study.study_preset(plan.config, seeds[0]).to_dict(),

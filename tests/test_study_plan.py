@@ -101,7 +101,12 @@ def test_the_committed_plan_parses_and_preregisters_the_issue_comparisons():
     assert {"heldout_acc_greedy", "final_reward", "collapse"} <= set(plan.secondary)
     names = {c["name"].split(":")[0] for c in study_plan.comparisons(plan)}
     assert names == {"harm", "benefit", "equivalence"}
-    assert {s.name for s in plan.stresses} >= {"mxfp4", "nvfp4"}
+    assert {s.name for s in plan.stresses} == {"mxfp4-fast", "fp8-fast"}
+    assert all(s.sampler == {"cache": "dual", "threshold": 0.9} for s in plan.stresses)
+    assert all(s.train["mismatch_estimator"] == "trajectory" for s in plan.stresses)
+    assert [a.name for a in study_plan.arms(plan)][0] == "bf16" and len(study_plan.arms(plan)) == 7
+    assert {c["name"] for c in study_plan.comparisons(plan)} == {
+        f"{kind}:{s}" for kind in ("harm", "benefit", "equivalence") for s in ("mxfp4-fast", "fp8-fast")}
     from dllm_ais.config import get_preset
 
     assert get_preset(plan.config.preset).train.sft_steps > 0
@@ -250,3 +255,28 @@ def test_plan_runs_end_to_end_and_resumes(tmp_path):
     lost.unlink()
     assert mod.main(argv) == 0 and lost.is_file()
     assert (lost.parent / "metrics.jsonl").read_text() == rows
+
+
+@pytest.mark.slow
+def test_plan_workers_give_the_serial_runs(tmp_path):
+    """--workers 2 (forked processes) trains and scores exactly what the serial runner does: each run is seeded by
+    its seed, not by the order or the process it ran in."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("study_corrections", REPO / "scripts" / "study_corrections.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "plan.toml"
+    path.write_text(PLAN)
+    runs = {}
+    for workers in ("1", "2"):
+        argv = ["--plan", str(path), "--smoke", "--allow-dirty", "--arms", "bf16,mxfp4-none", "--workers", workers,
+                "--out", str(tmp_path / f"o{workers}"), "--work", str(tmp_path / f"w{workers}")]
+        assert mod.main(argv) == 0
+        runs[workers] = {(r["arm"], r["seed"]): r for r in map(json.loads, (tmp_path / f"o{workers}" / "runs.jsonl")
+                                                               .read_text().splitlines())}
+    assert set(runs["1"]) == set(runs["2"]) == {(a, s) for a in ("bf16", "mxfp4-none") for s in (0, 1)}
+    for key, serial in runs["1"].items():
+        for field in ("first_reward", "final_reward", "heldout_acc_t1", "heldout_acc_greedy", "ess_final"):
+            assert runs["2"][key][field] == serial[field], (key, field)

@@ -324,24 +324,51 @@ def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit:
     return result
 
 
-def run_plan(plan: Plan, work: Path, arm_names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
-             log=print) -> list[dict]:
-    """Every (arm, seed) of the plan, seed by seed; finished runs are reused (resume = run the same command)."""
+def _sft_job(args: tuple) -> dict:
+    plan, work, seed = args
     import torch
 
     torch.set_num_threads(1)
+    return sft_scores(plan, Path(work), seed)
+
+
+def _arm_job(args: tuple) -> dict:
+    plan, work, arm, seed, validation_limit = args
+    import torch
+
+    torch.set_num_threads(1)
+    return run_arm(plan, Path(work), arm, seed, validation_limit=validation_limit)
+
+
+def _pool_map(fn, jobs: list, workers: int):
+    """fn over jobs in order: in this process (workers <= 1) or `workers` forked processes, one torch thread each."""
+    if workers <= 1:
+        yield from map(fn, jobs)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
+        yield from pool.map(fn, jobs)
+
+
+def run_plan(plan: Plan, work: Path, arm_names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+             log=print, workers: int = 1) -> list[dict]:
+    """Every (arm, seed) of the plan, seed by seed (every seed's SFT first); finished runs are reused (resume = run the
+    same command). workers > 1 runs that many at a time in forked processes, one torch thread each; the runs are
+    the same as serial ones (each is seeded by its own seed, never by the order it ran in)."""
     work.mkdir(parents=True, exist_ok=True)
     selected = [a for a in arms(plan) if arm_names is None or a.name in arm_names]
+    seeds = list(seeds or plan.config.seeds)
+    list(_pool_map(_sft_job, [(plan, str(work), s) for s in seeds], workers))
+    jobs = [(plan, str(work), arm, seed, 0) for seed in seeds for arm in selected]
     results = []
-    for seed in seeds or plan.config.seeds:
-        sft_scores(plan, work, seed)
-        for arm in selected:
-            results.append(run_arm(plan, work, arm, seed))
-            r = results[-1]
-            log(f"{arm.name:>12} seed {seed}: reward {r['first_reward']:.3f} -> {r['final_reward']:.3f}, held-out "
-                f"T={plan.primary_temperature:g} {r['heldout_acc_t1']:.3f}, greedy {r['heldout_acc_greedy']:.3f}, "
-                f"ESS final {r['ess_final']:.3f}, log μ(y) {r['logp_mu_first']:.2f} -> {r['logp_mu_final']:.2f}, "
-                f"{r['wall_s']:.0f} s")
+    for r in _pool_map(_arm_job, jobs, workers):
+        results.append(r)
+        log(f"{r['arm']:>12} seed {r['seed']}: reward {r['first_reward']:.3f} -> {r['final_reward']:.3f}, held-out "
+            f"T={plan.primary_temperature:g} {r['heldout_acc_t1']:.3f}, greedy {r['heldout_acc_greedy']:.3f}, "
+            f"ESS final {r['ess_final']:.3f}, log μ(y) {r['logp_mu_first']:.2f} -> {r['logp_mu_final']:.2f}, "
+            f"{r['wall_s']:.0f} s")
     return results
 
 
@@ -353,20 +380,22 @@ def calibration_arms(plan: Plan) -> list[study.Arm]:
                       {**s.corr, "ais_tau": float(tau)}, dict(s.sampler)) for tau in c["taus"]]
 
 
-def run_calibration(plan: Plan, work: Path, log=print) -> dict:
+def run_calibration(plan: Plan, work: Path, log=print, workers: int = 1) -> dict:
     """τ scan on the validation split: every τ of [calibration] on its seeds; τ* = the highest mean validation
     accuracy (primary temperature). Returns per τ the mean validation accuracy and τ*; test accuracy is not used."""
     if not plan.calibration:
         raise ValueError(f"{plan.path}: no [calibration] table; add stress, taus, seeds, validation_limit.")
     c = plan.calibration
-    out = {}
-    for arm in calibration_arms(plan):
-        accs = []
-        for seed in c.get("seeds", plan.config.seeds[:2]):
-            r = run_arm(plan, work, arm, seed, validation_limit=int(c.get("validation_limit", 500)))
-            accs.append(r["validation_acc_t1"])
-            log(f"{arm.name} seed {seed}: validation {r['validation_acc_t1']:.3f}")
-        out[arm.corr["ais_tau"]] = study._mean(accs)
+    seeds = list(c.get("seeds", plan.config.seeds[:2]))
+    limit = int(c.get("validation_limit", 500))
+    list(_pool_map(_sft_job, [(plan, str(work), s) for s in seeds], workers))
+    jobs = [(plan, str(work), arm, seed, limit) for arm in calibration_arms(plan) for seed in seeds]
+    accs: dict[float, list[float]] = {}
+    for r in _pool_map(_arm_job, jobs, workers):
+        tau = next(a.corr["ais_tau"] for a in calibration_arms(plan) if a.name == r["arm"])
+        accs.setdefault(tau, []).append(r["validation_acc_t1"])
+        log(f"{r['arm']} seed {r['seed']}: validation {r['validation_acc_t1']:.3f}")
+    out = {tau: study._mean(v) for tau, v in accs.items()}
     best = max(out, key=lambda t: out[t])
     return {"validation_acc_by_tau": {str(k): v for k, v in out.items()}, "tau_star": best}
 
