@@ -152,6 +152,10 @@ def run_plan_command(args, argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     atomic_write_text(out / "runs.jsonl", "".join(json.dumps(r) + "\n" for r in results))
+    if results:
+        from dllm_ais.analysis.study_figure import draw
+
+        draw(out)  # outcomes.png, trajectories.png
     print(study_plan.report_table(summary))
     print(f"wrote {out / 'summary.json'}")
     return 0

@@ -245,6 +245,7 @@ def test_plan_runs_end_to_end_and_resumes(tmp_path):
     assert set(summary["arms"]) == {"bf16", "mxfp4-none"} and summary["uncommitted_changes"] in (True, False)
     assert summary["ess_final"]["bf16"] == 1.0  # μ = π_old exactly
     assert summary["holm"]["harm:mxfp4"]["n"] == 2 and summary["arms"]["bf16"]["seeds"] == [0, 1]
+    assert all((tmp_path / "o" / f).stat().st_size > 10_000 for f in ("outcomes.png", "trajectories.png"))
     results = sorted((tmp_path / "w").glob("*/seed*/result.json"))
     assert len(results) == 4
     stamps = [p.stat().st_mtime_ns for p in results]
@@ -280,3 +281,17 @@ def test_plan_workers_give_the_serial_runs(tmp_path):
     for key, serial in runs["1"].items():
         for field in ("first_reward", "final_reward", "heldout_acc_t1", "heldout_acc_greedy", "ess_final"):
             assert runs["2"][key][field] == serial[field], (key, field)
+
+
+def test_figure_columns_pair_each_seed_across_arms():
+    """outcomes.png's left panel: the SFT model first, then the arms in summary order, each {seed: primary}."""
+    from dllm_ais.analysis.study_figure import arm_columns
+
+    summary = {"primary_metric": {"key": "heldout_acc_t1"}, "arms": {"bf16": {}, "x-none": {}, "x-ais": {}},
+               "sft": {"0": {"heldout_acc_t1": 0.1}, "1": {"heldout_acc_t1": 0.2}}}
+    runs = [{"arm": a, "seed": s, "heldout_acc_t1": v} for a, s, v in
+            [("x-none", 1, 0.5), ("bf16", 0, 0.9), ("bf16", 1, 0.8), ("x-none", 0, 0.4)]]
+    names, cols = arm_columns(summary, runs)
+    assert names == ["SFT model", "bf16", "x-none"]  # x-ais has no finished run: no column
+    assert cols["SFT model"] == {0: 0.1, 1: 0.2} and cols["bf16"] == {0: 0.9, 1: 0.8}
+    assert cols["x-none"] == {0: 0.4, 1: 0.5}
