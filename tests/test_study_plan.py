@@ -295,3 +295,55 @@ def test_figure_columns_pair_each_seed_across_arms():
     assert names == ["SFT model", "bf16", "x-none"]  # x-ais has no finished run: no column
     assert cols["SFT model"] == {0: 0.1, 1: 0.2} and cols["bf16"] == {0: 0.9, 1: 0.8}
     assert cols["x-none"] == {0: 0.4, 1: 0.5}
+
+
+@pytest.mark.slow
+def test_calibration_scans_tau_on_the_validation_split_only(tmp_path):
+    """--calibrate --smoke: every τ × seed of [calibration] is trained and scored on its validation rows (train-split
+    problems outside the training rows); τ* is the τ with the highest mean validation accuracy; the seeds' SFT models
+    are never scored on the test split (no sft_scores.json), and --workers 2 gives the serial scan exactly."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("study_corrections", REPO / "scripts" / "study_corrections.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "plan.toml"
+    path.write_text(PLAN + '\n[calibration]\nstress = "mxfp4"\ntaus = [0.01, 1.0]\nseeds = [5, 6]\n'
+                    'validation_limit = 8\n')
+    scans = []
+    for workers in ("1", "2"):
+        out, work = tmp_path / f"o{workers}", tmp_path / f"w{workers}"
+        assert mod.main(["--plan", str(path), "--calibrate", "--smoke", "--allow-dirty", "--workers", workers,
+                         "--out", str(out), "--work", str(work)]) == 0
+        scan = json.loads((out / "calibration" / "summary.json").read_text())["calibration"]
+        by_tau = {float(k): v for k, v in scan["validation_acc_by_tau"].items()}
+        assert set(by_tau) == {0.01, 1.0} and scan["tau_star"] == max(by_tau, key=by_tau.get)
+        results = [json.loads(p.read_text()) for p in sorted((work / "calibration").glob("*/seed*/result.json"))]
+        assert sorted((r["arm"], r["seed"]) for r in results) == [
+            (f"mxfp4-ais-tau{t}", s) for t in ("0.01", "1") for s in (5, 6)]
+        for t in (0.01, 1.0):  # the scan's mean is the mean of its runs' validation accuracies
+            accs = [r["validation_acc_t1"] for r in results if r["arm"] == f"mxfp4-ais-tau{t:g}"]
+            assert by_tau[t] == pytest.approx(sum(accs) / len(accs))
+        for r in results:
+            rows = [json.loads(x) for x in (work / "calibration" / r["arm"] / f"seed{r['seed']}" /
+                                             "validation.jsonl").read_text().splitlines()]
+            assert len(rows) == 8
+        assert not list(work.rglob("sft_scores.json"))
+        scans.append(scan)
+    assert scans[0] == scans[1]
+
+
+def test_validation_rows_are_outside_the_training_rows_and_the_test_split():
+    """The τ scan's validation split (corrections-v3's testbed): 500 problems, none trained on, none held out."""
+    from dllm_ais.analysis.study import StudyConfig, study_preset
+    from dllm_ais.train.job import task_config_kwargs, task_rows_and_reward
+
+    preset = study_preset(StudyConfig(preset="study-cpu-16"), 5)
+    val = study_plan.validation_rows(preset, 5, 500)
+    task, train_rows, _ = task_rows_and_reward(preset)
+    test = task.load("test", **task_config_kwargs(task.load, preset.train.task_config))
+    prompts = {r["prompt"] for r in val}
+    assert len(val) == len(prompts) == 500
+    assert not prompts & {r["prompt"] for r in train_rows} and not prompts & {r["prompt"] for r in test}
+    assert len(test) == 1000

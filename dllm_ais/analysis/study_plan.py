@@ -332,6 +332,14 @@ def _sft_job(args: tuple) -> dict:
     return sft_scores(plan, Path(work), seed)
 
 
+def _warm_job(args: tuple) -> None:
+    plan, work, seed = args
+    import torch
+
+    torch.set_num_threads(1)
+    study.warm_start(plan.config, Path(work), seed)
+
+
 def _arm_job(args: tuple) -> dict:
     plan, work, arm, seed, validation_limit = args
     import torch
@@ -388,7 +396,7 @@ def run_calibration(plan: Plan, work: Path, log=print, workers: int = 1) -> dict
     c = plan.calibration
     seeds = list(c.get("seeds", plan.config.seeds[:2]))
     limit = int(c.get("validation_limit", 500))
-    list(_pool_map(_sft_job, [(plan, str(work), s) for s in seeds], workers))
+    list(_pool_map(_warm_job, [(plan, str(work), s) for s in seeds], workers))  # SFT only: the test split is not scored
     jobs = [(plan, str(work), arm, seed, limit) for arm in calibration_arms(plan) for seed in seeds]
     accs: dict[float, list[float]] = {}
     for r in _pool_map(_arm_job, jobs, workers):
