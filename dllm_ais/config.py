@@ -333,6 +333,14 @@ PRESETS: dict[str, Preset] = {
                            prompts_per_step=8, learning_rate=5e-4, sft_steps=40, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
                           max_completion_length=17, num_iterations=2)),
+        # study-cpu-32: a PILOT CANDIDATE (not registered in any plan): 32-digit strings, completions of 33 counted
+        # tokens (Var ℓ ≈ 2·L·κ about twice study-cpu-16's, whose stress arms ended at ESS 0.96-0.99), SFT 60 steps.
+        Preset("study-cpu-32", "Pilot candidate for the corrections study: study-cpu with 32-digit strings.",
+               ModelConfig(), SamplerConfig(gen_length=33, block_length=33, steps=33, temperature=1.0),
+               TrainConfig(task="digits", task_config={"op": "shift", "length": 32}, steps=80,
+                           prompts_per_step=8, learning_rate=5e-4, sft_steps=60, mismatch_num_draws=2),
+               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
+                          max_completion_length=33, num_iterations=2)),
         # tiny-cpu-arith: the earlier tiny-cpu (single-digit arith); benchmarks/study/ was produced on it (the study
         # pins this preset and overrides β = 0 and its run size, see dllm_ais/analysis/study.py).
         Preset("tiny-cpu-arith", "The earlier tiny-cpu on single-digit arith: the testbed of benchmarks/study/.",

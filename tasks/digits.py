@@ -45,14 +45,14 @@ class DigitsConfig:
     (each digit plus one, 9 -> 0: position i of the answer depends on position i of the prompt only)."""
     length: int = 4
     """Digits per problem (4: 10,000 strings, ~1,030 of them held out; the completion needs ``length`` tokens and
-    EOS; the ``study-cpu`` testbed uses 12: completions of 13 counted tokens, a sequence-level mismatch that grows
-    with the length)."""
+    EOS; the ``study-cpu`` testbed uses 12, ``study-cpu-16`` 16 and ``study-cpu-32`` 32: the sequence-level mismatch
+    grows with the length)."""
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ValueError(f"DigitsConfig.op={self.op!r}: use one of {', '.join(OPS)}")
-        if not 2 <= self.length <= 16:
-            raise ValueError(f"DigitsConfig.length must be in 2..16 (short strings for tiny models), got {self.length}")
+        if not 2 <= self.length <= 32:
+            raise ValueError(f"DigitsConfig.length must be in 2..32 (short strings for tiny models), got {self.length}")
 
 
 def transform(digits: str, op: str) -> str:

@@ -76,9 +76,9 @@ def test_registered():
 
 
 def test_length_range_reaches_the_study_testbed():
-    assert len(digits.load("test", limit=5, config=digits.DigitsConfig(length=16))[0]["digits"]) == 16
-    with pytest.raises(ValueError, match="2..16"):
-        digits.DigitsConfig(length=17)
+    assert len(digits.load("test", limit=5, config=digits.DigitsConfig(length=32))[0]["digits"]) == 32
+    with pytest.raises(ValueError, match="2..32"):
+        digits.DigitsConfig(length=33)
 
 
 def test_default_sft_puts_eos_where_the_reference_does():
