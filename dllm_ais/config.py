@@ -307,27 +307,21 @@ PRESETS: dict[str, Preset] = {
                            prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=5, num_iterations=2)),
-        # study-cpu: the testbed of the pre-registered study (study/plan.toml; issue "evidence"): 12-digit shift
-        # (completions of 13 counted tokens, so the sequence-level mismatch Var ℓ ≈ 2·L·κ is ~3× the default's), an
-        # SFT that teaches the stop token (EOS after the 12th digit), β = 0 and lr 5e-4 so the BF16 policy
-        # concentrates (rollout/logp_mu rises towards 0) within the run; 1,000 held-out items. SFT 25 steps: strict
-        # accuracy 0.0, partial credit 0.26, and every greedy completion is 13 digits (the stop token is NOT taught
-        # yet: RL must learn the digits and the stop; SFT 30-35 may teach the stop and leave the digits, not
-        # piloted). Pilots (one seed, benchmarks/study/pilot*/): with SFT 40 (greedy strict 1.0, 0.15 at T = 1) RL
-        # only sharpened, BF16 and MXFP4 rollouts ended level (0.977 / 0.978) and MXFP4's ESS rose to 0.994 — no
-        # harm to study; with SFT 25 the BF16 master reached 0.215 at T = 1 and the MXFP4-trained master 0.003 at
-        # the same training reward. 80 GRPO steps (about 1 min BF16, 3 min MXFP4 per run at load 2, one thread).
-        Preset("study-cpu", "Testbed of the corrections study: 12-digit shift, long completions, concentrating policy.",
+        # study-cpu: the testbed of the study's earlier plans (corrections-v1/v2, never run; now study-cpu-16):
+        # 12-digit shift (13 counted tokens: Var ℓ ≈ 2·L·κ about 3× the default's), β = 0 and lr 5e-4 so the BF16
+        # policy concentrates within the run; SFT 25 steps (strict accuracy 0.0: neither the digits nor the stop are
+        # taught yet). Its one-seed pilots are in benchmarks/study/pilots.md (with SFT 40 BF16 and MXFP4 ended level
+        # at 0.977 / 0.978; with SFT 25 the harm seen on seed 0 did not survive a second seed).
+        Preset("study-cpu", "Earlier study testbed (plans v1/v2, never run): 12-digit shift, SFT 25.",
                ModelConfig(), SamplerConfig(gen_length=13, block_length=13, steps=13, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 12}, steps=80,
                            prompts_per_step=8, learning_rate=5e-4, sft_steps=25, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
                           max_completion_length=13, num_iterations=2)),
-        # study-cpu-16: a PILOT CANDIDATE for the study's testbed (not registered in any plan): study-cpu with 16-digit
-        # strings (completions of 17 counted tokens: Var ℓ ≈ 2·L·κ about 1.3× study-cpu's, aiming at a final stress
-        # ESS ≤ 0.9, which 12 digits missed at 0.909-0.994) and SFT 40 steps (the SFT that taught 12 digits and the
-        # stop; at 16 digits it should leave RL more to learn). Pilot: benchmarks/study/pilot-16/.
-        Preset("study-cpu-16", "Pilot candidate for the corrections study: study-cpu with 16-digit strings.",
+        # study-cpu-16: the testbed of the registered corrections study (study/plan.toml, corrections-v3): study-cpu
+        # with 16-digit strings (completions of 17 counted tokens) and SFT 40 steps. Results:
+        # benchmarks/study/corrections-v3/.
+        Preset("study-cpu-16", "Testbed of the corrections study (corrections-v3): 16-digit shift, SFT 40.",
                ModelConfig(), SamplerConfig(gen_length=17, block_length=17, steps=17, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 16}, steps=80,
                            prompts_per_step=8, learning_rate=5e-4, sft_steps=40, mismatch_num_draws=2),
