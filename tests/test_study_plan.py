@@ -301,7 +301,7 @@ def test_figure_columns_pair_each_seed_across_arms():
 def test_calibration_scans_tau_on_the_validation_split_only(tmp_path):
     """--calibrate --smoke: every τ × seed of [calibration] is trained and scored on its validation rows (train-split
     problems outside the training rows); τ* is the τ with the highest mean validation accuracy; the seeds' SFT models
-    are never scored on the test split (no sft_scores.json), and --workers 2 gives the serial scan exactly."""
+    and the trained models are never scored on the test split, and --workers 2 gives the serial scan exactly."""
     import importlib.util
     import json
 
@@ -330,6 +330,7 @@ def test_calibration_scans_tau_on_the_validation_split_only(tmp_path):
                                              "validation.jsonl").read_text().splitlines()]
             assert len(rows) == 8
         assert not list(work.rglob("sft_scores.json"))
+        assert all(r["heldout_acc_t1"] is None and r["heldout_acc_greedy"] is None for r in results)
         scans.append(scan)
     assert scans[0] == scans[1]
 

@@ -270,7 +270,7 @@ def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
 
 def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit: int = 0) -> dict:
     """Train one arm on one seed from the seed's shared SFT; score the final master in BF16 (primary: sampled at the
-    plan's temperature; greedy; validation split when asked). Writes result.json last; a run without it resumes from
+    plan's temperature; greedy) on the test split, or only on a validation split when asked (calibration runs). Writes result.json last; a run without it resumes from
     its latest checkpoint (the trainer saves one at the end and on interruption), or starts again if it has none."""
     import torch
 
@@ -294,8 +294,11 @@ def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit:
     wall = time.perf_counter() - t0  # of this invocation (a resumed run: the remaining steps and the evaluation)
     eval_preset = study.study_preset(plan.config, seed)  # the preset's own sampler: BF16 master, no fast decoding
     master, tok = trainer.master, trainer.policy.tokenizer
-    t1 = _evaluate(master, tok, eval_preset, plan, plan.primary_temperature)
-    greedy = _evaluate(master, tok, eval_preset, plan, 0.0)
+    if validation_limit:  # a calibration run: the test split is not scored at all
+        t1 = greedy = {"full_reward_frac": None, "n": 0}
+    else:
+        t1 = _evaluate(master, tok, eval_preset, plan, plan.primary_temperature)
+        greedy = _evaluate(master, tok, eval_preset, plan, 0.0)
     rows = sorted(M.read_metrics(run), key=lambda r: r[M.STEP])
     traj = {k: [study._num(r.get(k)) for r in rows] for k in (*study.TRAJECTORY_KEYS, M.ROLLOUT_LOGP_MU, M.CORR_ESS)}
     first, final = study.quarter_means(traj[M.REWARD_MEAN])
