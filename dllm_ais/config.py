@@ -286,7 +286,7 @@ def _qwen(name: str, task: str, description: str) -> Preset:
                     fp8_backend="triton", lora_r=64, lora_alpha=128.0, save_every=100),
         GRPOConfig(num_generations=8, epsilon=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo",
                    max_completion_length=512, num_iterations=1),
-        CorrectionConfig(correction_level="token"),
+        CorrectionConfig(correction_level="token", ais_tau=0.05),
     )
 
 
@@ -357,7 +357,7 @@ PRESETS: dict[str, Preset] = {
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=100, prompts_per_step=16,
                            learning_rate=1e-3, sft_steps=40),
                GRPOConfig(num_generations=8, beta=0.04, max_completion_length=5, num_iterations=2),
-               CorrectionConfig(correction_level="token")),
+               CorrectionConfig(correction_level="token", ais_tau=0.05)),
         _qwen("qwen3-8b-gsm8k", "gsm8k", "Qwen3-8B AIS-GRPO on GSM8K with FP8 rollouts (token-level AIS)."),
         _qwen("qwen3-8b-math", "math500", "Qwen3-8B AIS-GRPO on MATH with FP8 rollouts (--data MATH train file)."),
     )

@@ -270,8 +270,9 @@ def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
 
 def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit: int = 0) -> dict:
     """Train one arm on one seed from the seed's shared SFT; score the final master in BF16 (primary: sampled at the
-    plan's temperature; greedy) on the test split, or only on a validation split when asked (calibration runs). Writes result.json last; a run without it resumes from
-    its latest checkpoint (the trainer saves one at the end and on interruption), or starts again if it has none."""
+    plan's temperature; greedy) on the test split, or only on a validation split when asked (calibration runs).
+    Writes result.json last; a run without it resumes from its latest checkpoint (the trainer saves one at the end
+    and on interruption), or starts again if it has none."""
     import torch
 
     from dllm_ais.train.job import run_training
