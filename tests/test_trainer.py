@@ -215,8 +215,12 @@ def test_gradient_accumulation_keeps_masks_shared_and_the_loss_scaled(tmp_path, 
             assert math.isclose(whole, micro, rel_tol=1e-5, abs_tol=1e-7), (loss_type, logged)
         start = load_file(str(out / "sft" / "model.safetensors"))
         assert any(not torch.equal(start[k], weights[0][k]) for k in start)
+        # Adam's first steps move each weight by ≈ lr·sign(g): an element whose gradient is ≈ 0 can move differently
+        # under another CPU's summation order (one element in 16k by 1e-6 here, by more on CI's machine), so the whole
+        # update is compared: a mis-weighted micro-batch turns a sizeable share of the signs (a gap of 10-50 %).
         for k in weights[0]:
-            torch.testing.assert_close(weights[1][k], weights[0][k], rtol=0, atol=2e-6, msg=f"{loss_type} {k}")
+            moved, gap = weights[0][k] - start[k], weights[1][k] - weights[0][k]
+            assert float(gap.norm()) <= 1e-3 * float(moved.norm()) + 1e-9, (loss_type, k, float(gap.norm()))
 
 
 def test_generated_tokens_count_what_the_sampler_generated():
