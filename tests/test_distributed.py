@@ -155,8 +155,9 @@ def test_two_processes_equal_one_process_with_the_global_batch(two_process_run):
         for key in (M.REWARD_MEAN, M.LOSS_POLICY, M.LOSS_CLIP):
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-7), (a[M.STEP], key, a[key], b[key])
     assert any(abs(r[M.LOSS_POLICY]) > 1e-4 for r in single_rows), "the loss should not be zero"
-    for k, v in one["final"].items():
-        torch.testing.assert_close(ranks[0]["final"][k], v, rtol=0, atol=2e-6, msg=k)
+    for k, v in one["final"].items():  # the whole Adam update (an element with gradient ≈ 0 may move differently)
+        moved, gap = v - one["init"][k], ranks[0]["final"][k] - v
+        assert float(gap.norm()) <= 1e-3 * float(moved.norm()) + 1e-9, (k, float(gap.norm()), float(moved.norm()))
     assert any(not torch.equal(one["init"][k], v) for k, v in one["final"].items())
 
 
