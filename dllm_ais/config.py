@@ -290,6 +290,19 @@ def _qwen(name: str, task: str, description: str) -> Preset:
     )
 
 
+def _digits_study(name: str, description: str, length: int, sft_steps: int) -> Preset:
+    """A corrections-study testbed: the tiny LLaDA on the `length`-digit shift (length + 1 counted tokens, the stop
+    included) decoded one token per step, 80 GRPO steps × 8 prompts × G = 8, lr 5e-4, β = 0 (the policy may
+    concentrate), after `sft_steps` of SFT warm-up."""
+    n = length + 1
+    return Preset(
+        name, description, ModelConfig(), SamplerConfig(gen_length=n, block_length=n, steps=n, temperature=1.0),
+        TrainConfig(task="digits", task_config={"op": "shift", "length": length}, steps=80, prompts_per_step=8,
+                    learning_rate=5e-4, sft_steps=sft_steps, mismatch_num_draws=2),
+        GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
+                   max_completion_length=n, num_iterations=2))
+
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -312,29 +325,16 @@ PRESETS: dict[str, Preset] = {
         # policy concentrates within the run; SFT 25 steps (strict accuracy 0.0: neither the digits nor the stop are
         # taught yet). Its one-seed pilots are in benchmarks/study/pilots.md (with SFT 40 BF16 and MXFP4 ended level
         # at 0.977 / 0.978; with SFT 25 the harm seen on seed 0 did not survive a second seed).
-        Preset("study-cpu", "Earlier study testbed (plans v1/v2, never run): 12-digit shift, SFT 25.",
-               ModelConfig(), SamplerConfig(gen_length=13, block_length=13, steps=13, temperature=1.0),
-               TrainConfig(task="digits", task_config={"op": "shift", "length": 12}, steps=80,
-                           prompts_per_step=8, learning_rate=5e-4, sft_steps=25, mismatch_num_draws=2),
-               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
-                          max_completion_length=13, num_iterations=2)),
+        _digits_study("study-cpu", "Earlier study testbed (plans v1/v2, never run): 12-digit shift, SFT 25.", 12, 25),
         # study-cpu-16: the testbed of the registered corrections study (study/plan.toml, corrections-v3): study-cpu
         # with 16-digit strings (completions of 17 counted tokens) and SFT 40 steps. Results:
         # benchmarks/study/corrections-v3/.
-        Preset("study-cpu-16", "Testbed of the corrections study (corrections-v3): 16-digit shift, SFT 40.",
-               ModelConfig(), SamplerConfig(gen_length=17, block_length=17, steps=17, temperature=1.0),
-               TrainConfig(task="digits", task_config={"op": "shift", "length": 16}, steps=80,
-                           prompts_per_step=8, learning_rate=5e-4, sft_steps=40, mismatch_num_draws=2),
-               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
-                          max_completion_length=17, num_iterations=2)),
+        _digits_study("study-cpu-16", "Testbed of the corrections study (corrections-v3): 16-digit shift, SFT 40.",
+                      16, 40),
         # study-cpu-32: a PILOT CANDIDATE (not registered in any plan): 32-digit strings, completions of 33 counted
         # tokens (Var ℓ ≈ 2·L·κ about twice study-cpu-16's, whose stress arms ended at ESS 0.96-0.99), SFT 60 steps.
-        Preset("study-cpu-32", "Pilot candidate for the corrections study: study-cpu with 32-digit strings.",
-               ModelConfig(), SamplerConfig(gen_length=33, block_length=33, steps=33, temperature=1.0),
-               TrainConfig(task="digits", task_config={"op": "shift", "length": 32}, steps=80,
-                           prompts_per_step=8, learning_rate=5e-4, sft_steps=60, mismatch_num_draws=2),
-               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
-                          max_completion_length=33, num_iterations=2)),
+        _digits_study("study-cpu-32", "Pilot candidate for the corrections study: study-cpu with 32-digit strings.",
+                      32, 60),
         # tiny-cpu-arith: the earlier tiny-cpu (single-digit arith); benchmarks/study/ was produced on it (the study
         # pins this preset and overrides β = 0 and its run size, see dllm_ais/analysis/study.py).
         Preset("tiny-cpu-arith", "The earlier tiny-cpu on single-digit arith: the testbed of benchmarks/study/.",
