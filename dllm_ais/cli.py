@@ -100,7 +100,15 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_correction_args(p: argparse.ArgumentParser) -> None:
-    from dllm_ais.rl.config import AIS_TARGETS, CORRECTION_LEVELS, CORRECTIONS, LOSS_TYPES, TRAIN_FORWARDS, TRL_ALIASES
+    from dllm_ais.rl.config import (
+        AIS_COMBINERS,
+        AIS_TARGETS,
+        CORRECTION_LEVELS,
+        CORRECTIONS,
+        LOSS_TYPES,
+        TRAIN_FORWARDS,
+        TRL_ALIASES,
+    )
 
     p.add_argument("--correction", default=None, choices=[*CORRECTIONS, *TRL_ALIASES],
                    help="mismatch correction (docs/corrections.md); TRL's token_truncate / token_mask / "
@@ -112,6 +120,12 @@ def _add_correction_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--band", type=float, nargs=2, metavar=("LOW", "HIGH"), default=None,
                    help="--correction band (IcePop): keep weights in [LOW, HIGH], zero outside (default 0.5 5)")
     p.add_argument("--ais-target", default=None, choices=AIS_TARGETS, help="the full-IS mode AIS mixes towards")
+    p.add_argument("--ais-tau", type=float, default=None, metavar="TAU",
+                   help="τ of AIS's severity s = 1 − exp(−D/τ) (default 0.02 at sequence level; docs/ais.md §5a)")
+    p.add_argument("--ais-ema", type=float, default=None, metavar="BETA",
+                   help="EMA factor β in [0, 1) for λ across steps (default 0: per-batch λ)")
+    p.add_argument("--ais-combiner", default=None, choices=AIS_COMBINERS,
+                   help="how s, R, g become λ: product = s·R·g (default), severity = s·g (not shrunk by the ESS R)")
     p.add_argument("--reject", default=None, metavar="STAT:AGG:THRESHOLD",
                    help="reject samples by divergence, e.g. k3:seq_mean:0.01 (k1|k2|k3 : token|seq_sum|seq_mean|"
                    "seq_max); several rules comma-separated (all must pass); k1 also takes ratio bounds LOWER_UPPER, "
@@ -165,6 +179,8 @@ FIELD_FLAGS = {
     "CorrectionConfig.is_cap_min": "--is-cap-min", "CorrectionConfig.band": "--band",
     "CorrectionConfig.band_low": "--band", "CorrectionConfig.band_high": "--band",
     "CorrectionConfig.ais_target": "--ais-target", "CorrectionConfig.reject_stat": "--reject",
+    "CorrectionConfig.ais_tau": "--ais-tau", "CorrectionConfig.ais_ema": "--ais-ema",
+    "CorrectionConfig.ais_combiner": "--ais-combiner",
     "CorrectionConfig.reject_agg": "--reject", "CorrectionConfig.reject_threshold": "--reject",
     "CorrectionConfig.normalize_weights": "--normalize-weights", "CorrectionConfig.bypass": "--bypass",
     "CorrectionConfig.train_forward": "--train-forward", "GRPOConfig.loss_type": "--loss-type",
@@ -260,7 +276,8 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
     reject = parse_reject(args.reject) if args.reject else {}
     correction = override(preset.correction, correction=args.correction, correction_level=args.correction_level,
                           is_cap=args.is_cap, is_cap_min=args.is_cap_min, band_low=band[0], band_high=band[1],
-                          ais_target=args.ais_target, normalize_weights=args.normalize_weights or None,
+                          ais_target=args.ais_target, ais_tau=args.ais_tau, ais_ema=args.ais_ema,
+                          ais_combiner=args.ais_combiner, normalize_weights=args.normalize_weights or None,
                           bypass=args.bypass or None, train_forward=args.train_forward, rejected=args.rejected,
                           **reject)
     if args.no_is_cap:

@@ -132,6 +132,21 @@ def test_baseline_weights_hand_computed():
         _close(out.trunc_frac, 0.25)
 
 
+def test_severity_combiner_hand_computed():
+    """The sequence example under ais_combiner='severity': λ = s · g = 1/2 · 64/123 = 32/123 (R = 30.25/37 left
+    out, so λ is larger than product's 968/4551 by 1/R), and ω mixes towards the same truncated weights."""
+    log_w = torch.tensor([0.0, LN2, -LN2, 2 * LN2], dtype=torch.float64)
+    mask = torch.arange(4)[None, :] < torch.tensor([2, 2, 4, 4])[:, None]
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
+    out = correct(log_w, adv, mask, CorrectionConfig(correction="ais", ais_tau=0.3125, ais_combiner="severity"))
+    _close(out.ess_frac, 30.25 / 37)
+    _close(out.lam, 32 / 123)
+    torch.testing.assert_close(out.omega, 1 + 32 / 123 * (torch.tensor([1, 2, 0.5, 2], dtype=torch.float64) - 1))
+    s, r, g = (torch.tensor(v, dtype=torch.float64) for v in (0.9, 0.2, 1.0))
+    _close(C.combine_product(s, r, g), 0.18)  # at a low ESS, product backs off; severity does not
+    _close(C.combine_severity(s, r, g), 0.9)
+
+
 def test_ema_hand_computed_and_stateless():
     """β = 0.5, previous λ = 0.8, batch λ = 968/4551 (sequence example): λ = 0.5 · 0.8 + 0.5 · 968/4551."""
     log_w = torch.tensor([0.0, LN2, -LN2, 2 * LN2], dtype=torch.float64)

@@ -110,7 +110,8 @@ def test_cli_flags_reach_the_configs():
         "train", "--correction", "band", "--band", "0.25", "4", "--correction-level", "geometric",
         "--reject", "k3:seq_mean:0.01", "--normalize-weights", "--bypass", "--loss-type", "tbpo", "--dual-clip", "2",
         "--mask-error-completions", "0.4", "--error-ngram", "3", "--is-cap", "3", "--is-cap-min", "0.1",
-        "--ais-target", "band", "--rejected", "drop"])
+        "--ais-target", "band", "--rejected", "drop", "--ais-tau", "0.1", "--ais-ema", "0.5",
+        "--ais-combiner", "severity"])
     p = _train_preset(args)
     c, g = p.correction, p.grpo
     assert (c.correction, c.band_low, c.band_high, c.correction_level) == ("band", 0.25, 4.0, "geometric")
@@ -118,6 +119,7 @@ def test_cli_flags_reach_the_configs():
     assert c.normalize_weights and c.bypass and (c.is_cap, c.is_cap_min, c.ais_target) == (3.0, 0.1, "band")
     assert (g.loss_type, g.dual_clip, g.error_mask_threshold, g.error_ngram) == ("tbpo", 2.0, 0.4, 3)
     assert c.rejected == "drop"
+    assert (c.ais_tau, c.ais_ema, c.ais_combiner) == (0.1, 0.5, "severity")
     p = _train_preset(build_parser().parse_args([
         "train", "--reject", "k3:token:0.05,k1:seq_mean:0.999_1.001", "--no-is-cap", "--clip-ratio-c", "3",
         "--off-policy-mask", "0.5", "--epsilon-high", "0.28"]))

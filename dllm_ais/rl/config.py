@@ -16,7 +16,7 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SCALE_REWARDS = ("group", "batch", "none")
 CORRECTIONS = ("none", "is", "tis", "mis", "band", "ais")
 CORRECTION_LEVELS = ("sequence", "token", "geometric")
-AIS_COMBINERS = ("product",)
+AIS_COMBINERS = ("product", "severity")
 AIS_TARGETS = ("is", "tis", "mis", "band")
 """The full-IS end AIS mixes towards: ω = (1 − λ) + λ ω_target."""
 TRL_ALIASES = {
@@ -256,7 +256,8 @@ class CorrectionConfig:
     ais_ema: float = 0.0
     """β of the EMA of λ across steps: λ_t = β λ_{t-1} + (1 - β) λ_batch. 0 = no smoothing (per-batch λ)."""
     ais_combiner: str = "product"
-    """How s, R, g become λ: `product` = clip(s · R · g, 0, 1) (DESIGN.md §4)."""
+    """How s, R, g become λ: `product` = clip(s · R · g, 0, 1) (DESIGN.md §4); `severity` = clip(s · g, 0, 1), which
+    does not shrink λ when the weights' ESS R falls (under `product` λ ≤ R)."""
 
     def __post_init__(self):
         if self.correction in TRL_ALIASES:  # normalise TRL's spelling once (frozen: set through object.__setattr__)
@@ -293,7 +294,8 @@ class CorrectionConfig:
             raise ValueError(f"CorrectionConfig.log_w_clamp={self.log_w_clamp}: must be finite and > 0 (default 20, "
                              "so exp stays finite in float32).")
         if not (self.ais_tau > 0.0 and math.isfinite(self.ais_tau)):
-            raise ValueError(f"CorrectionConfig.ais_tau={self.ais_tau}: the severity scale τ must be finite and > 0.")
+            raise ValueError(f"CorrectionConfig.ais_tau={self.ais_tau}: the severity scale τ must be finite and > 0 "
+                             "(default 0.02).")
         if not 0.0 <= self.ais_ema < 1.0:
             raise ValueError(f"CorrectionConfig.ais_ema={self.ais_ema}: the EMA factor must be in [0, 1); 0 disables "
                              "smoothing, values near 1 make λ react slowly.")

@@ -111,8 +111,16 @@ def combine_product(s: torch.Tensor, r: torch.Tensor, g: torch.Tensor) -> torch.
     return (s * r * g).clamp(0, 1)
 
 
+def combine_severity(s: torch.Tensor, r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """λ = clip(s · g, 0, 1): correct as far as the mismatch is severe, damped only by variance amplification. R is
+    left out: under `product` λ ≤ R, so AIS corrects least exactly when the weights spread most (docs/ais.md §5a)."""
+    del r
+    return (s * g).clamp(0, 1)
+
+
 COMBINERS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "product": combine_product,
+    "severity": combine_severity,
 }
 
 

@@ -32,7 +32,8 @@ NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
 )
 """(flag, when the flag is read, what to add): a typed flag whose condition is false would be silently ignored."""
 
-NO_MISMATCH_FLAGS = ("--correction", "--ais-target", "--is-cap", "--is-cap-min", "--band")
+NO_MISMATCH_FLAGS = ("--correction", "--ais-target", "--ais-tau", "--ais-ema", "--ais-combiner", "--is-cap",
+                     "--is-cap-min", "--band")
 """Flags that only shape the mismatch weights w = π_old/μ, which are all 1 when the rollouts are the BF16 master."""
 
 RESUME_CHANGEABLE = ("--steps", "--save-every", "--threads", "--no-progress", "--out", "--resume")
