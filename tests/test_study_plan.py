@@ -99,12 +99,10 @@ def test_plan_errors_name_what_to_change(tmp_path, edit, match):
 def test_every_committed_plan_builds_its_arms_on_a_known_preset(path):
     """Pilot plans too: their results in benchmarks/study/ name them, so they must stay runnable as committed."""
     from dllm_ais.analysis import study
-    from dllm_ais.config import get_preset
 
-    plan = study_plan.load_plan(path)
+    plan = study_plan.load_plan(path)  # an unknown preset raises here
     arms = study_plan.arms(plan)
     assert len({a.name for a in arms}) == len(arms) and arms[0].name == "bf16"
-    get_preset(plan.config.preset)
     for arm in arms:  # every arm's configs validate (unknown fields or values raise here)
         preset = study.study_preset(plan.config, plan.config.seeds[0], arm)
         assert preset.train.rollout_precision == arm.rollout_precision
