@@ -67,6 +67,10 @@ class SamplerConfig:
     """Confidence-threshold parallel decoding (Fast-dLLM): each step commits every masked position of the current
     block whose confidence >= threshold, and at least the most confident one; a block ends when it has no mask left.
     None = LLaDA's fixed schedule (steps / num_blocks steps per block)."""
+    max_commit_per_step: int | None = None
+    """Threshold decoding only: commit at most this many tokens per step (the most confident of those at or above
+    the threshold; the most confident one is still always committed). A safeguard against many near-certain tokens
+    committed at once (d1 issue 25); the trajectory likelihood's selection terms model the cap. None = no cap."""
 
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
@@ -88,6 +92,12 @@ class SamplerConfig:
             raise ValueError(f"SamplerConfig.cache={self.cache!r}: use one of {', '.join(CACHE_MODES)}.")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"SamplerConfig.threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
+        if self.max_commit_per_step is not None:
+            if self.threshold is None:
+                raise ValueError(f"SamplerConfig.max_commit_per_step={self.max_commit_per_step} caps threshold "
+                                 "decoding; the fixed schedule has no threshold: add --threshold F or drop the cap.")
+            if self.max_commit_per_step < 1:
+                raise ValueError(f"SamplerConfig.max_commit_per_step={self.max_commit_per_step} must be >= 1.")
 
     @property
     def num_blocks(self) -> int:

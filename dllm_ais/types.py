@@ -32,6 +32,13 @@ class Rollout:
     autoregressive, log μ(y_t | y_<t); diffusion, log μ(y_j | canvas at the step y_j was committed) under the
     proposal (`likelihood.logprobs.proposal_logprobs`: temperature applied, mask token removed, the KV cache's
     approximation included). None where the sampler did not record them."""
+    logp_select: torch.Tensor | None = None
+    """[B, L] float64, diffusion samplers asked to record it: the selection log-term (`likelihood.selection`) of the
+    step at which each token was committed, under the logits that step used, repeated on every token the step
+    committed (a step's term is counted once by `likelihood.trajectory.share_step_terms`). None = not recorded."""
+    commit_confidence: torch.Tensor | None = None
+    """[B, L] float32, diffusion with low-confidence remasking: the confidence (full-softmax probability) each token
+    was committed with. None where the sampler has no such confidence (random remasking, autoregressive)."""
     nfe: int | None = None
     """Model forward calls the sampler made (Fast-dLLM's NFE; a block-refresh forward counts as one; CFG's second
     forward is not counted). None = num_steps."""

@@ -82,12 +82,19 @@ def completion_mask_from_stops(completion: torch.Tensor, stop_token_ids: Sequenc
     return stops_before == 0
 
 
-def threshold_commit(confidence: torch.Tensor, masked: torch.Tensor, threshold: float) -> torch.Tensor:
+def threshold_commit(confidence: torch.Tensor, masked: torch.Tensor, threshold: float,
+                     max_commit: int | None = None) -> torch.Tensor:
     """Fast-dLLM's threshold rule: per row, every masked position with confidence >= threshold, and always the most
-    confident masked one (none if the row has no mask left). confidence [B, L] (−inf off `masked`), masked [B, L]."""
+    confident masked one (none if the row has no mask left). confidence [B, L] (−inf off `masked`), masked [B, L].
+    max_commit N: of the positions at or above the threshold only the N most confident (lower position first on a
+    tie, as `commit_mask`)."""
     top = torch.zeros_like(masked)
     top.scatter_(1, confidence.argmax(-1, keepdim=True), True)  # first maximum, like a stable sort
-    return masked & ((confidence >= threshold) | top)
+    above = masked & (confidence >= threshold)  # [B, L]
+    if max_commit is not None:
+        k = torch.full(above.shape[:1], max_commit, dtype=torch.long, device=above.device)
+        above &= commit_mask(torch.where(above, confidence, -torch.inf), k)
+    return masked & (above | top)
 
 
 PROMPT_BUCKET = 64
@@ -191,6 +198,7 @@ def diffusion_sample(
     stop_token_ids: Sequence[int],
     generator: torch.Generator | None = None,
     progress: bool = False,
+    record_selection: bool = False,
 ) -> Rollout:
     """Generate `config.gen_length` tokens after each left-padded prompt.
 
@@ -201,7 +209,10 @@ def diffusion_sample(
     config.cache / config.threshold select Fast-dLLM's block KV cache and threshold decoding (module docstring).
     The Rollout records commit_step (global forward index of each commit: the canvas the model saw at step t is the
     prompt plus the tokens with commit_step < t), logp_rollout (log μ of each committed token under the proposal it
-    was drawn from, `likelihood.logprobs.proposal_logprobs`) and nfe (forward calls; CFG's second forward not counted).
+    was drawn from, `likelihood.logprobs.proposal_logprobs`), commit_confidence (low-confidence remasking: the
+    confidence each token was committed with) and nfe (forward calls; CFG's second forward not counted).
+    record_selection: also record logp_select, each step's selection log-term under the logits the step used
+    (`likelihood.selection`; a float64 pass over the block's [B, Lb, V] probabilities per step).
     """
     if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
         raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be "
@@ -210,6 +221,7 @@ def diffusion_sample(
         raise ValueError(f"cfg_scale={config.cfg_scale} with cache={config.cache!r}: classifier-free guidance is not "
                          "supported with a KV cache; pass --cache none or --cfg-scale 0.")
     from dllm_ais.likelihood.logprobs import proposal_logprobs
+    from dllm_ais.likelihood.selection import SelectionRule, selection_logprob
 
     orig_ids, prompt_mask = prompt_ids, prompt_mask.bool()
     device = prompt_ids.device
@@ -224,6 +236,10 @@ def diffusion_sample(
     attn = torch.cat([prompt_mask, torch.ones(B, L, dtype=torch.bool, device=device)], dim=1)  # [B, P + L]
     commit_step = torch.full((B, L), -1, dtype=torch.long, device=device)
     logp = torch.zeros(B, L, dtype=torch.float32, device=device)
+    low_conf = config.remasking == "low_confidence"
+    confidence_record = torch.full((B, L), torch.nan, dtype=torch.float32, device=device) if low_conf else None
+    select = torch.zeros(B, L, dtype=torch.float64, device=device) if record_selection else None
+    rule = SelectionRule.of(config, mask_token_id)
     kv_cache = None
     if config.cache != "none":
         kv_cache = KVCache.for_model(model, B, P + L)
@@ -253,11 +269,13 @@ def diffusion_sample(
                 uncond[:, :P][prompt_mask] = mask_token_id
                 un_logits = _logits(model, uncond, attn, lo, hi, compiled)
                 logits = un_logits + (config.cfg_scale + 1) * (logits - un_logits)
-            if config.remasking == "low_confidence":  # confidence from the full softmax, mask token included
+            if select is not None and low_conf:  # before the mask token leaves the logits
+                step_logits = logits.clone()
+            if low_conf:  # confidence from the full softmax, mask token included
                 probs = torch.softmax(logits.to(torch.float64), dim=-1)  # [B, Lb, V]
             logits[..., mask_token_id] = -torch.inf  # never propose the mask token (the proposal only)
             proposal = propose_tokens(logits, config.temperature, generator)  # [B, Lb]
-            if config.remasking == "low_confidence":
+            if low_conf:
                 confidence = probs.gather(-1, proposal[..., None]).squeeze(-1)  # [B, Lb]
             else:
                 confidence = torch.rand(masked.shape, generator=generator, device=device, dtype=torch.float64)
@@ -265,9 +283,14 @@ def diffusion_sample(
             if config.threshold is None:
                 commit = commit_mask(confidence, schedule[:, i]) & masked  # [B, Lb]
             else:
-                commit = threshold_commit(confidence, masked, config.threshold)
+                commit = threshold_commit(confidence, masked, config.threshold, config.max_commit_per_step)
             x[:, lo:hi] = torch.where(commit, proposal.to(x.dtype), x[:, lo:hi])
             commit_step[:, lo - P:hi - P][commit] = step
+            if confidence_record is not None:
+                confidence_record[:, lo - P:hi - P][commit] = confidence[commit].float()
+            if select is not None:  # the step's selection term, repeated on every token it committed
+                term = selection_logprob(step_logits if low_conf else None, masked, commit, proposal, rule)  # [B]
+                select[:, lo - P:hi - P] = torch.where(commit, term[:, None], select[:, lo - P:hi - P])
             # log μ of the committed tokens only (a few of the block's Lb rows: the log-softmax over V is the cost)
             logp[:, lo - P:hi - P][commit] = proposal_logprobs(logits[commit], proposal[commit], config.temperature,
                                                                mask_token_id).float()
@@ -285,4 +308,5 @@ def diffusion_sample(
     completion = x[:, P:]
     return Rollout(prompt_ids=orig_ids, prompt_mask=prompt_mask[:, P - orig_ids.shape[1]:], completion_ids=completion,
                    completion_mask=completion_mask_from_stops(completion, stop_token_ids), commit_step=commit_step,
-                   num_steps=step, logp_rollout=logp, nfe=step)
+                   num_steps=step, logp_rollout=logp, nfe=step, logp_select=select,
+                   commit_confidence=confidence_record)

@@ -144,29 +144,47 @@ def test_chunking_gives_identical_results():
         assert torch.allclose(est.token_log_ratio, base.token_log_ratio, atol=2e-6, rtol=0)
 
 
-def test_step_subsampling_is_unbiased():
+def test_step_subsampling_is_exact_over_every_subset():
+    """Horvitz–Thompson step subsampling: the estimate averaged over *every* K-subset of each sequence's steps equals
+    the full sum, to float64 rounding (no Monte-Carlo noise, so a scale error of any size fails: planting (S + 1) / K
+    for S / K in `plan_for_steps` moves the average by 1/S of the sum, 12–25 % here). Checked on the trajectory ℓ_j
+    of an FP8 pair and on the path terms log q + selection of one model (O(1) each)."""
+    from dllm_ais.likelihood.trajectory import counted_steps, plan_for_steps, policy_token_logp
+
     model = tiny_model(seed=0)
     mu = _fp8(model)
-    rollout = _rollout(mu, CFG, B=4)
-    kw = dict(temperature=0.8, mask_token_id=model.config.mask_token_id)
-    full = trajectory_log_ratio(model, mu, rollout, **kw)
-    rollout.logp_rollout = sampler_record(mu, rollout, CFG)  # μ recorded once, as the sampler does
-    K, n = 3, 300
-    S = torch.tensor([torch.unique(c[m]).numel() for c, m in zip(rollout.commit_step, rollout.completion_mask,
-                                                                  strict=True)])
-    assert bool((S > K).all())
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=0.8, threshold=0.2)
+    rollout = diffusion_sample(mu, *_prompts(4, 7, 0), cfg, model.config.mask_token_id, [4],
+                               generator=torch.Generator().manual_seed(1))
+    counted = rollout.completion_mask
+    full = replay_plan(rollout.commit_step, counted)
+    ell = trajectory_log_ratio(model, mu, rollout, temperature=0.8, mask_token_id=model.config.mask_token_id,
+                               plan=full).token_log_ratio.double()  # [B, L] unscaled ℓ_j
+    with torch.no_grad():
+        path = policy_token_logp(model, rollout, full, cfg, mask_token_id=model.config.mask_token_id,
+                                 selection=True)  # [B, L]
+    steps = counted_steps(rollout.commit_step, counted)
+    S = [s.numel() for s in steps]
+    for K in (1, 2, 3):
+        assert all(n > K for n in S)
+        for terms in (ell, path):
+            for b in range(4):  # every subset of sequence b's steps (the other sequences keep all theirs)
+                estimates = []
+                for subset in itertools.combinations(steps[b].tolist(), K):
+                    chosen = [torch.tensor(subset) if i == b else steps[i] for i in range(4)]
+                    plan = plan_for_steps(rollout.commit_step, counted, chosen, K)
+                    assert plan.rows.tolist().count(b) == K
+                    estimates.append(float((plan.scale[b] * terms[b]).sum()))
+                mean, exact = sum(estimates) / len(estimates), float(terms[b][counted[b]].sum())
+                assert abs(mean - exact) <= 1e-9 * max(1.0, abs(exact)), (K, b, mean, exact)
+                assert abs(exact) > 1e-4 and max(estimates) - min(estimates) > 1e-6  # the subsets do differ
     g = torch.Generator().manual_seed(7)
-    draws = []
-    for _ in range(n):
-        est = trajectory_log_ratio(model, None, rollout, num_steps=K, generator=g, **kw)
-        assert est.num_canvases == 4 * K
-        draws.append(est.log_ratio.double())
-    draws = torch.stack(draws)  # [n, B]
-    se = draws.std(0) / n ** 0.5
-    assert bool((draws.std(0) > 0).all())  # the draws do differ
-    assert bool(((draws.mean(0) - full.log_ratio.double()).abs() <= 3 * se + 1e-6).all()), (draws.mean(0), full)
+    drawn = replay_plan(rollout.commit_step, counted, 2, g)  # the random draw: K distinct steps, scale S/K
+    assert [drawn.rows.tolist().count(b) for b in range(4)] == [2] * 4
+    for b in range(4):
+        assert set(drawn.scale[b][drawn.scale[b] > 0].tolist()) == {S[b] / 2}
     with pytest.raises(ValueError, match="Generator"):
-        trajectory_log_ratio(model, None, rollout, num_steps=K, **kw)
+        replay_plan(rollout.commit_step, counted, 2)
 
 
 # ------------------------------------------------------------------------------ exact enumeration, 4-token outputs

@@ -1,30 +1,40 @@
-"""Trajectory (commit-only) mismatch log-ratio of a masked-diffusion rollout: DESIGN.md §5, last bullet.
+"""Trajectory likelihoods of a masked-diffusion rollout: the log-probability of the path the sampler took, and the
+mismatch log-ratio built from it (DESIGN.md §5, last bullets).
 
-The sampler commits token y_j at step t(j) from canvas_t = prompt + the completion tokens committed before t (every
-other completion position a mask); `Rollout.commit_step` [B, L] records t(j), so every canvas is reconstructible.
-Replaying those canvases under π_old (an exact, uncached forward at the sampler's temperature, the same proposal
-density `proposal_logprobs` the sampler records) gives per-token log-ratios
+The sampler commits token y_j at step t(j) from canvas_t (`Rollout.commit_step`; likelihood/replay.py rebuilds every
+canvas and the logits the sampler used, cache included). The path's log-probability is a sum over its steps of
 
-    ℓ_j = log π_old(y_j | canvas_t(j)) − log μ(y_j | canvas_t(j)),   ℓ = Σ_j over counted tokens (completion_mask).
+    Σ_{j committed at t} log q_θ(y_j | canvas_t)   (the proposal: softmax(logits / T), mask token removed)
+    + the step's selection term                    (which positions were committed: likelihood/selection.py)
 
-It leaves out the order-selection term (which positions are committed at each step: it cancels exactly only under
-random remasking). Unlike the coupled ELBO ratio it sees what the sampler did (KV-cache staleness, threshold commits)
-because log μ is the sampler's own record. Where the rollout carries no record (`Rollout.logp_rollout is None`) the
-rollout model is replayed too; for an uncached sampler that is what it would have recorded.
+`path_logprob` computes it exactly (tested against sampler frequencies by enumeration). For a per-token loss the
+selection term of a step is shared equally by the *counted* tokens it committed (`share_step_terms`), so a
+sequence's counted terms sum to its path log-probability whenever every step committed a counted token.
 
-Cost: one canvas row per (sequence, denoising step with a counted commit); rows are batched `chunk_size` per forward
-and only the committed positions' logits are computed. Step subsampling (`num_steps=K`) replays K distinct steps per
-sequence drawn without replacement and scales their terms by S_b / K (S_b = that sequence's steps): Horvitz–Thompson,
-so E[ℓ] over the draw is the full sum.
+Trajectory mismatch ratio: ℓ_j = [log π_old − log μ](token terms + shared selection terms) on the recorded canvases,
+ℓ = Σ_j over counted tokens. log μ is the sampler's own record (`Rollout.logp_rollout`, `Rollout.logp_select`) when it
+recorded it, else a replay of the rollout model under the sampler's config. Without selection terms (the
+commit-only ratio) it is the exact path ratio only where the choice of positions cancels (random remasking).
+
+Cost: one canvas row per (sequence, step with a counted commit); rows are batched `chunk_size` per forward. Step
+subsampling (`replay_plan(num_steps=K)`) replays K distinct steps per sequence drawn without replacement and scales
+their terms by S_b / K (S_b = that sequence's steps): Horvitz–Thompson, so the expectation over the draw of any sum
+of per-step terms is the full sum. Under autograd each chunk of canvases is activation-checkpointed: backward keeps
+the chunk's inputs and its [n, Lb] outputs only and recomputes its forwards, so memory is one chunk's activations.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
+from dllm_ais.config import SamplerConfig
+from dllm_ais.likelihood.inputs import mask_token_id_of
 from dllm_ais.likelihood.logprobs import proposal_logprobs
+from dllm_ais.likelihood.replay import canvases, step_blocks, step_logits
+from dllm_ais.likelihood.selection import SelectionRule, selection_logprob
 from dllm_ais.types import Rollout
 
 
@@ -33,11 +43,20 @@ class ReplayPlan:
     """Which (sequence, step) canvases to replay and how each replayed token's term is scaled."""
 
     rows: torch.Tensor
-    """[N] long, sequence index of each canvas to replay."""
+    """[N] long, sequence index of each canvas to replay (sorted by row, then step)."""
     steps: torch.Tensor
     """[N] long, denoising step of each canvas (the tokens committed at it are scored)."""
     scale: torch.Tensor
     """[B, L] float64: S_b / K on counted tokens of the sampled steps (1 without subsampling), 0 elsewhere."""
+
+    def for_rows(self, rows: torch.Tensor) -> ReplayPlan:
+        """The plan of sequences `rows` [m] only, renumbered 0..m−1 in that order (a micro-batch's plan)."""
+        new = torch.full((int(self.scale.shape[0]),), -1, dtype=torch.long, device=self.rows.device)
+        new[rows] = torch.arange(rows.numel(), device=rows.device)
+        keep = new[self.rows] >= 0
+        r, s = new[self.rows[keep]], self.steps[keep]
+        order = torch.argsort(r * (int(s.max()) + 1 if s.numel() else 1) + s)  # stable row-then-step order
+        return ReplayPlan(rows=r[order], steps=s[order], scale=self.scale[rows])
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,47 @@ class TrajectoryEstimate:
     """Model forward calls per replayed model (ceil(num_canvases / chunk_size))."""
 
 
+@dataclass(frozen=True)
+class PathLogprob:
+    """log P(path) of each rollout row under a sampler (`path_logprob`)."""
+
+    log_prob: torch.Tensor
+    """[B] float64 log-probability of the whole path (tokens and commit steps)."""
+    step_terms: torch.Tensor
+    """[B, num_steps] float64: each step's token terms plus its selection term (0 where the row committed nothing)."""
+    token_terms: torch.Tensor
+    """[B, L] float64 log q(y_j | canvas_t(j)) of every committed token."""
+    selection_terms: torch.Tensor
+    """[B, L] float64: the selection term of the step at which each token was committed (repeated per token)."""
+
+
+def counted_steps(commit_step: torch.Tensor, counted: torch.Tensor) -> list[torch.Tensor]:
+    """Per sequence, its distinct steps with a counted commit, sorted: B tensors [S_b]."""
+    valid = counted & (commit_step >= 0)  # [B, L]
+    return [torch.unique(commit_step[b][valid[b]]) for b in range(commit_step.shape[0])]
+
+
+def plan_for_steps(commit_step: torch.Tensor, counted: torch.Tensor, chosen: list[torch.Tensor],
+                   num_steps: int | None) -> ReplayPlan:
+    """The plan replaying `chosen[b]` (a subset of `counted_steps`) of each sequence; with `num_steps` K, a sequence
+    with S_b > K steps has K chosen and its terms are scaled by S_b / K (Horvitz–Thompson: each step is chosen with
+    probability K / S_b), else all S_b are replayed at scale 1."""
+    valid = counted & (commit_step >= 0)  # [B, L]
+    scale = torch.zeros(commit_step.shape, dtype=torch.float64, device=commit_step.device)
+    rows, steps = [], []
+    for b, distinct in enumerate(counted_steps(commit_step, counted)):
+        S, pick = distinct.numel(), chosen[b]
+        if S == 0:
+            continue
+        weight = S / num_steps if num_steps is not None and num_steps < S else 1.0
+        scale[b] = (valid[b] & torch.isin(commit_step[b], pick)).double() * weight  # float64: S/K unrounded
+        rows.append(torch.full_like(pick, b))
+        steps.append(pick)
+    empty = commit_step.new_zeros(0)
+    return ReplayPlan(rows=torch.cat(rows) if rows else empty, steps=torch.cat(steps) if steps else empty,
+                      scale=scale)
+
+
 def replay_plan(commit_step: torch.Tensor, counted: torch.Tensor, num_steps: int | None = None,
                 generator: torch.Generator | None = None) -> ReplayPlan:
     """The canvases to replay: every (sequence, step) with a counted commit, or `num_steps` of them per sequence.
@@ -65,50 +125,134 @@ def replay_plan(commit_step: torch.Tensor, counted: torch.Tensor, num_steps: int
         raise ValueError(f"num_steps={num_steps} must be >= 1 (or None: every step); it is --trajectory-steps.")
     if num_steps is not None and generator is None:
         raise ValueError("step subsampling (num_steps) needs an explicit torch.Generator.")
-    valid = counted & (commit_step >= 0)  # [B, L]
-    scale = torch.zeros(commit_step.shape, dtype=torch.float64, device=commit_step.device)
-    rows, steps = [], []
-    for b in range(commit_step.shape[0]):
-        distinct = torch.unique(commit_step[b][valid[b]])  # [S_b] sorted
+    chosen = []
+    for distinct in counted_steps(commit_step, counted):
         S = distinct.numel()
-        if S == 0:
-            continue
-        if num_steps is not None and num_steps < S:
+        if num_steps is not None and 0 < num_steps < S:
             pick = torch.randperm(S, generator=generator, device=generator.device)[:num_steps].to(distinct.device)
-            chosen, weight = distinct[pick.sort().values], S / num_steps
-        else:
-            chosen, weight = distinct, 1.0
-        scale[b] = torch.where(valid[b] & torch.isin(commit_step[b], chosen), weight, 0.0)
-        rows.append(torch.full_like(chosen, b))
-        steps.append(chosen)
-    empty = commit_step.new_zeros(0)
-    return ReplayPlan(rows=torch.cat(rows) if rows else empty, steps=torch.cat(steps) if steps else empty,
-                      scale=scale)
+            distinct = distinct[pick.sort().values]
+        chosen.append(distinct)
+    return plan_for_steps(commit_step, counted, chosen, num_steps)
 
 
-def _canvases(rollout: Rollout, rows: torch.Tensor, steps: torch.Tensor, mask_token_id: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Canvas ids and attention mask [n, P + L] of (rows[i], steps[i]): prompt + tokens committed before the step."""
-    completion = rollout.completion_ids[rows]  # [n, L]
-    cs = rollout.commit_step[rows]  # [n, L]
-    before = (cs >= 0) & (cs < steps[:, None])  # a never-committed position (−1) stays masked
-    canvas = torch.where(before, completion, torch.full_like(completion, mask_token_id))
-    ids = torch.cat([rollout.prompt_ids[rows], canvas], dim=1)
-    attn = torch.cat([rollout.prompt_mask[rows].bool(), torch.ones_like(canvas, dtype=torch.bool)], dim=1)
-    return ids, attn
+def share_step_terms(step_terms: torch.Tensor, commit_step: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    """A step's term shared equally by the counted tokens it committed. step_terms [B, L] (the step's term repeated
+    on each token it committed), commit_step [B, L], counted [B, L] bool -> [B, L] (0 off counted tokens)."""
+    same = (commit_step[:, :, None] == commit_step[:, None, :]) & counted[:, None, :]  # [B, L, L]
+    n = same.sum(-1).clamp(min=1)  # [B, L] counted tokens committed at each token's step
+    return torch.where(counted, step_terms / n, 0.0)
 
 
-def _chunk_logits(model, ids: torch.Tensor, attn: torch.Tensor, positions: torch.Tensor, prompt_mask: torch.Tensor,
-                  cfg_scale: float, mask_token_id: int) -> torch.Tensor:
-    """Logits [n, m, V] (float32) at canvas positions [n, m]; with CFG the sampler's guided combination."""
-    logits = model(input_ids=ids, attention_mask=attn, positions=positions).logits.float()
-    if cfg_scale > 0:
-        uncond = ids.clone()
-        P = prompt_mask.shape[1]
-        uncond[:, :P][prompt_mask] = mask_token_id
-        un = model(input_ids=uncond, attention_mask=attn, positions=positions).logits.float()
-        logits = un + (cfg_scale + 1) * (logits - un)
-    return logits
+def _check_temperature(temperature: float) -> None:
+    if temperature <= 0:
+        raise ValueError("the trajectory likelihood needs a sampling density: --temperature 0 (greedy) has none; "
+                         "sample at T > 0 (or use --mismatch-estimator elbo / --policy-logprob one_step).")
+
+
+def _chunk_terms(model, rollout: Rollout, rows: torch.Tensor, steps: torch.Tensor, config: SamplerConfig,
+                 mask_token_id: int, selection: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token log q [n, Lb], each step's selection term [n]) of the (rows, steps) canvases: [n, Lb] over the step's
+    block, nonzero on the tokens committed at the step."""
+    Lb = config.block_length
+    n = rows.numel()
+    block, _ = step_blocks(rollout.commit_step, rows, steps, Lb)
+    cs = rollout.commit_step[rows].view(n, -1, Lb)[torch.arange(n, device=rows.device), block]  # [n, Lb]
+    y = rollout.completion_ids[rows].view(n, -1, Lb)[torch.arange(n, device=rows.device), block]  # [n, Lb]
+    commit = cs == steps[:, None]  # [n, Lb]
+    masked = (cs < 0) | (cs >= steps[:, None])  # masked before the step
+    want = masked if selection else commit
+    m = int(want.sum(-1).max())
+    offsets = torch.argsort((~want).to(torch.int8), dim=-1, stable=True)[:, :m]  # [n, m] wanted positions first
+    keep = want.gather(1, offsets)  # [n, m] False on padding
+    logits = step_logits(model, rollout, rows, steps, offsets, config, mask_token_id)  # [n, m, V]
+    tokens = y.gather(1, offsets)
+    lp = proposal_logprobs(logits, tokens, config.temperature, mask_token_id)  # [n, m]
+    committed = commit.gather(1, offsets) & keep
+    token = torch.zeros(n, Lb, dtype=lp.dtype, device=lp.device).scatter(1, offsets, torch.where(committed, lp, 0))
+    if not selection:
+        return token, torch.zeros(n, dtype=torch.float64, device=lp.device)
+    rule = SelectionRule.of(config, mask_token_id)
+    sel = selection_logprob(logits, masked.gather(1, offsets) & keep, committed, tokens, rule)  # [n]
+    return token, sel
+
+
+def replay_terms(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfig, *, mask_token_id: int,
+                 selection: bool = False, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replay the plan's canvases under `model` with the sampler `config` (its cache and selection rule).
+
+    -> (token [B, L]: log q(y_j | canvas_t(j)) of every token committed at a replayed step, float32 (float64 for a
+    float64 model); step_select [B, L] float64: the selection term of each such token's step, repeated per token,
+    0 when `selection` is off). 0 elsewhere. Differentiable when grad is enabled (each chunk of `chunk_size`
+    canvases, default the rollout's batch size, is activation-checkpointed); a no-grad call runs plain forwards.
+    """
+    _check_temperature(config.temperature)
+    B, L = rollout.completion_ids.shape
+    size = chunk_size if chunk_size is not None else max(B, 1)
+    if size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be >= 1.")
+    Lb = config.block_length
+    device = rollout.completion_ids.device
+    token, select = None, torch.zeros(B, L, dtype=torch.float64, device=device)
+    grad = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+    for s in range(0, plan.rows.numel(), size):
+        rows, steps = plan.rows[s:s + size], plan.steps[s:s + size]  # [n]
+        args = (model, rollout, rows, steps, config, mask_token_id, selection)
+        lp, sel = checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args)
+        if token is None:
+            token = torch.zeros(B, L, dtype=lp.dtype, device=device)
+        block, _ = step_blocks(rollout.commit_step, rows, steps, Lb)
+        cols = block[:, None] * Lb + torch.arange(Lb, device=device)  # [n, Lb] completion positions of the block
+        hit = rollout.commit_step[rows].gather(1, cols) == steps[:, None]  # [n, Lb]
+        r, c = rows[:, None].expand_as(cols)[hit], cols[hit]
+        token = token.index_put((r, c), lp[hit])
+        select = select.index_put((r, c), sel[:, None].expand_as(cols)[hit])
+    if token is None:
+        token = torch.zeros(B, L, device=device)
+    return token, select
+
+
+def policy_token_logp(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfig, *, mask_token_id: int,
+                      selection: bool, chunk_size: int | None = None) -> torch.Tensor:
+    """Per-token path terms of the GRPO ratio: log q(y_j | canvas) plus the step's selection term shared over its
+    counted tokens, on the plan's scored tokens (plan.scale > 0); 0 elsewhere. [B, L], float64 with selection."""
+    token, step_select = replay_terms(model, rollout, plan, config, mask_token_id=mask_token_id,
+                                      selection=selection, chunk_size=chunk_size)
+    scored = plan.scale > 0
+    if selection:
+        token = token.double() + share_step_terms(step_select, rollout.commit_step, scored)
+    return torch.where(scored, token, 0.0)
+
+
+def rollout_token_logp(rollout: Rollout, plan: ReplayPlan, selection: bool) -> torch.Tensor:
+    """`policy_token_logp` of the rollout policy μ from the sampler's own record: [B, L]."""
+    if rollout.logp_rollout is None or (selection and rollout.logp_select is None):
+        raise ValueError("the rollout carries no sampler record of log μ (logp_rollout / logp_select); sample with "
+                         "diffusion_sample(..., record_selection=True) for selection terms.")
+    scored = plan.scale > 0
+    token = rollout.logp_rollout
+    if selection:
+        token = token.double() + share_step_terms(rollout.logp_select, rollout.commit_step, scored)
+    return torch.where(scored, token, 0.0)
+
+
+def path_logprob(model, rollout: Rollout, config: SamplerConfig, selection: bool = True,
+                 chunk_size: int | None = None) -> PathLogprob:
+    """log P(path) of each rollout row under the sampler `config` with `model`'s logits: every committed token's
+    proposal term plus, with `selection`, every step's selection term (module docstring). Every position counts
+    (stop tokens included). Differentiable when grad is enabled."""
+    mask_token_id = mask_token_id_of(model)
+    B, L = rollout.completion_ids.shape
+    everything = torch.ones(B, L, dtype=torch.bool, device=rollout.completion_ids.device)
+    plan = replay_plan(rollout.commit_step, everything)
+    token, select = replay_terms(model, rollout, plan, config, mask_token_id=mask_token_id, selection=selection,
+                                 chunk_size=chunk_size)
+    token = token.double()
+    committed = rollout.commit_step >= 0
+    per_token = token + share_step_terms(select, rollout.commit_step, committed)  # [B, L]
+    steps = torch.zeros(B, rollout.num_steps, dtype=torch.float64, device=token.device)
+    steps = steps.index_put((torch.arange(B, device=token.device)[:, None].expand(B, L)[committed],
+                             rollout.commit_step[committed]), per_token[committed], accumulate=True)
+    return PathLogprob(log_prob=per_token.sum(-1), step_terms=steps, token_terms=token, selection_terms=select)
 
 
 def _forwards_in_step(n: int, device: torch.device) -> int:
@@ -121,68 +265,64 @@ def _forwards_in_step(n: int, device: torch.device) -> int:
     return int(t)
 
 
+def _uncached(temperature: float, cfg_scale: float, length: int) -> SamplerConfig:
+    """An uncached sampler config for replays that need no selection term (blocks then play no part)."""
+    return SamplerConfig(gen_length=length, block_length=length, steps=1, temperature=temperature,
+                         cfg_scale=cfg_scale, compile=False)
+
+
 @torch.no_grad()
 def replay_logprobs(model, rollout: Rollout, plan: ReplayPlan, *, temperature: float, mask_token_id: int,
-                    chunk_size: int | None = None, cfg_scale: float = 0.0) -> torch.Tensor:
-    """log model(y_j | canvas_t(j)) under the sampler's proposal for every token the plan scores; 0 elsewhere.
-
-    -> [B, L] float32 (float64 for a float64 model). chunk_size: canvases per forward (default B, the rollout's own
-    batch, so the replay's activation memory is a rollout step's).
-    """
-    if temperature <= 0:
-        raise ValueError("the trajectory estimator needs a sampling density: --temperature 0 (greedy) has none; "
-                         "sample at T > 0 or use --mismatch-estimator elbo.")
-    B, L = rollout.completion_ids.shape
-    P = rollout.prompt_ids.shape[1]
-    size = chunk_size if chunk_size is not None else max(B, 1)
-    if size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1.")
-    out = None
-    scored = plan.scale > 0  # [B, L]
-    for s in range(0, plan.rows.numel(), size):
-        rows, steps = plan.rows[s:s + size], plan.steps[s:s + size]  # [n]
-        ids, attn = _canvases(rollout, rows, steps, mask_token_id)
-        hit = scored[rows] & (rollout.commit_step[rows] == steps[:, None])  # [n, L] tokens committed at the step
-        m = int(hit.sum(-1).max())
-        # committed positions first (stable), padded with a valid position whose result is discarded
-        order = torch.argsort((~hit).to(torch.int8), dim=-1, stable=True)[:, :m]  # [n, m]
-        keep = hit.gather(1, order)  # [n, m]
-        logits = _chunk_logits(model, ids, attn, P + order, rollout.prompt_mask[rows].bool(), cfg_scale,
-                               mask_token_id)  # [n, m, V]
-        lp = proposal_logprobs(logits, rollout.completion_ids[rows].gather(1, order), temperature, mask_token_id)
-        if out is None:
-            out = torch.zeros(B, L, dtype=lp.dtype, device=lp.device)
-        out[rows[:, None].expand_as(order)[keep], order[keep]] = lp[keep]
-    device = rollout.completion_ids.device
+                    chunk_size: int | None = None, cfg_scale: float = 0.0,
+                    config: SamplerConfig | None = None, selection: bool = False) -> torch.Tensor:
+    """log model(y_j | canvas_t(j)) under the sampler's proposal for every token the plan scores (with `selection`
+    plus the shared selection term); 0 elsewhere. -> [B, L]. config: the sampler to replay (cache, selection rule);
+    None = an exact uncached forward at `temperature` (no selection then). Pads its forward calls to the busiest
+    process's under FSDP."""
+    _check_temperature(temperature)
+    if config is None:
+        if selection:
+            raise ValueError("selection terms need the sampler's config (block length, remasking, threshold).")
+        config = _uncached(temperature, cfg_scale, rollout.completion_ids.shape[1])
+    out = policy_token_logp(model, rollout, plan, config, mask_token_id=mask_token_id, selection=selection,
+                            chunk_size=chunk_size)
+    size = chunk_size if chunk_size is not None else max(rollout.completion_ids.shape[0], 1)
     n_calls = -(-plan.rows.numel() // size)
-    for _ in range(_forwards_in_step(n_calls, device) - n_calls):  # keep step with the other processes; discarded
-        ids, attn = _canvases(rollout, plan.rows.new_zeros(1), plan.steps.new_zeros(1), mask_token_id)
-        _chunk_logits(model, ids, attn, torch.full((1, 1), P, device=device), rollout.prompt_mask[:1].bool(),
-                      cfg_scale, mask_token_id)
-    return out if out is not None else torch.zeros(B, L, device=device)
+    device = rollout.completion_ids.device
+    per_chunk = 2 if config.cfg_scale > 0 else 1  # calls per chunk (uncached replays only run under FSDP)
+    for _ in range((_forwards_in_step(n_calls, device) - n_calls) * per_chunk):  # keep step with the others
+        ids, attn = canvases(rollout, plan.rows.new_zeros(1), plan.steps.new_zeros(1), mask_token_id)
+        model(input_ids=ids, attention_mask=attn, positions=torch.full((1, 1), rollout.prompt_ids.shape[1],
+                                                                       device=device))
+    return out
 
 
 @torch.no_grad()
 def trajectory_log_ratio(model_old, model_rollout, rollout: Rollout, *, temperature: float, mask_token_id: int,
                          num_steps: int | None = None, generator: torch.Generator | None = None,
-                         chunk_size: int | None = None, cfg_scale: float = 0.0) -> TrajectoryEstimate:
-    """ℓ_j = log π_old(y_j | canvas) − log μ(y_j | canvas) over the rollout's recorded canvases (module docstring).
+                         chunk_size: int | None = None, cfg_scale: float = 0.0, plan: ReplayPlan | None = None,
+                         config: SamplerConfig | None = None, selection: bool = False) -> TrajectoryEstimate:
+    """ℓ_j = log π_old(path terms of y_j) − log μ(path terms of y_j) over the rollout's recorded canvases.
 
-    log μ is `rollout.logp_rollout` [B, L] when the sampler recorded it, else the replay of `model_rollout`.
-    num_steps: K replayed steps per sequence (Horvitz–Thompson scaled; needs `generator`); None = every step.
+    π_old is an exact uncached replay at the sampler's temperature. log μ is the sampler's record when present, else
+    a replay of `model_rollout` under `config` (the rollout's sampler; uncached when None). plan: the canvases to
+    replay (drawn once per rollout and shared with the policy likelihood); else drawn here from num_steps /
+    generator. selection: add each step's selection term (needs `config`; μ's from `Rollout.logp_select`).
     """
-    if temperature <= 0:
-        raise ValueError("the trajectory estimator needs a sampling density: --temperature 0 (greedy) has none; "
-                         "sample at T > 0 or use --mismatch-estimator elbo.")
-    plan = replay_plan(rollout.commit_step, rollout.completion_mask.bool(), num_steps, generator)
-    kw = dict(temperature=temperature, mask_token_id=mask_token_id, chunk_size=chunk_size, cfg_scale=cfg_scale)
-    logp_old = replay_logprobs(model_old, rollout, plan, **kw)  # [B, L]
-    if rollout.logp_rollout is not None:
-        logp_mu = rollout.logp_rollout.to(logp_old.dtype)
+    _check_temperature(temperature)
+    if plan is None:
+        plan = replay_plan(rollout.commit_step, rollout.completion_mask.bool(), num_steps, generator)
+    old_config = None if config is None else replace(config, cache="none")
+    kw = dict(temperature=temperature, mask_token_id=mask_token_id, chunk_size=chunk_size, cfg_scale=cfg_scale,
+              selection=selection)
+    logp_old = replay_logprobs(model_old, rollout, plan, config=old_config, **kw)  # [B, L]
+    recorded = rollout.logp_rollout is not None and (not selection or rollout.logp_select is not None)
+    if recorded:
+        logp_mu = rollout_token_logp(rollout, plan, selection).to(logp_old.dtype)
     else:
-        logp_mu = replay_logprobs(model_rollout, rollout, plan, **kw)
+        logp_mu = replay_logprobs(model_rollout, rollout, plan, config=config, **kw)
     scored = plan.scale > 0
-    diff = torch.where(scored, logp_old - logp_mu, 0.0)  # [B, L]; unscored tokens may hold anything in logp_mu
+    diff = torch.where(scored, logp_old - logp_mu, 0.0)  # [B, L]
     weighted = diff.double() * plan.scale  # [B, L] Horvitz–Thompson weighted token terms
     n = plan.rows.numel()
     size = chunk_size if chunk_size is not None else max(rollout.completion_ids.shape[0], 1)
