@@ -191,6 +191,8 @@ FIELD_FLAGS = {
     "GRPOConfig.off_policy_mask_threshold": "--off-policy-mask",
     "SamplerConfig.cache": "--cache", "SamplerConfig.threshold": "--threshold",
     "TrainConfig.mismatch_estimator": "--mismatch-estimator", "TrainConfig.trajectory_steps": "--trajectory-steps",
+    "TrainConfig.policy_logprob": "--policy-logprob", "TrainConfig.trajectory_selection": "--trajectory-selection",
+    "SamplerConfig.max_commit_per_step": "--max-commit-per-step",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""
 
@@ -231,9 +233,12 @@ def _train_preset(args: argparse.Namespace, base=None):
                      grad_diagnostics_every=args.grad_diagnostics_every)
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
-    train = override(train, mismatch_estimator=args.mismatch_estimator, trajectory_steps=args.trajectory_steps)
+    selection = None if args.trajectory_selection is None else args.trajectory_selection == "on"
+    train = override(train, mismatch_estimator=args.mismatch_estimator, trajectory_steps=args.trajectory_steps,
+                     policy_logprob=args.policy_logprob, trajectory_selection=selection)
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
-                   sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold),
+                   sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
+                                    max_commit_per_step=args.max_commit_per_step),
                    train=train, **_correction_overrides(args, preset))
 
 
@@ -251,7 +256,7 @@ def typed_flags(args: argparse.Namespace) -> dict[str, object]:
 
 def _add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
     """`train`: Fast-dLLM rollouts (KV cache, threshold decoding) and the mismatch estimator that can see them."""
-    from dllm_ais.config import CACHE_MODES, MISMATCH_ESTIMATORS
+    from dllm_ais.config import CACHE_MODES, MISMATCH_ESTIMATORS, POLICY_LOGPROBS
 
     p.add_argument("--cache", default=None, choices=CACHE_MODES,
                    help="rollout KV cache (Fast-dLLM): none, prefix, dual (needs --mismatch-estimator trajectory)")
@@ -264,6 +269,14 @@ def _add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectory-steps", type=int, default=None, metavar="K",
                    help="trajectory: replay K random denoising steps per sequence (Horvitz-Thompson scaled; "
                    "default all)")
+    p.add_argument("--policy-logprob", default=None, choices=POLICY_LOGPROBS,
+                   help="log pi in the GRPO ratio and KL: one_step (d1: all completion tokens masked, one forward) "
+                   "or trajectory (replay of the sampled denoising path under theta, cache and threshold included)")
+    p.add_argument("--trajectory-selection", default=None, choices=["on", "off"],
+                   help="trajectory likelihoods (policy and mismatch) include which positions each step committed "
+                   "(the selection term)")
+    p.add_argument("--max-commit-per-step", type=int, default=None, metavar="N",
+                   help="threshold decoding: commit at most N tokens per step (needs --threshold)")
 
 
 def _correction_overrides(args: argparse.Namespace, preset) -> dict:

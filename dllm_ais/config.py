@@ -12,6 +12,7 @@ from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
+POLICY_LOGPROBS = ("one_step", "trajectory")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 FAMILIES = ("llada", "qwen")
 
@@ -154,6 +155,15 @@ class TrainConfig:
     trajectory_steps: int | None = None
     """`trajectory` estimator: replay only this many denoising steps per sequence, drawn at random and scaled
     (Horvitz–Thompson, unbiased); None = every step."""
+    policy_logprob: str = "one_step"
+    """Diffusion backends' log π in the GRPO ratio (and the KL when β > 0): `one_step` (d1's estimator: every
+    completion token masked at once, one forward) or `trajectory` (the replay of the rollout's recorded canvases under
+    θ with gradients, with the rollout sampler's cache and temperature: the likelihood of the path actually sampled;
+    `trajectory_steps` subsamples it, `trajectory_selection` adds the choice of positions)."""
+    trajectory_selection: bool = False
+    """Trajectory likelihoods (policy and mismatch ratio) include each step's selection term (which positions the
+    sampler committed: top-k confidence or threshold); False = the commit-only likelihood. Off by default: the
+    term makes ℓ far noisier under FP8/FP4 rollouts (README, "The sampler is the policy")."""
     p_mask_prompt: float = 0.15
     """d1 one-step estimator: probability of masking each prompt token (same mask for θ, π_old and reference)."""
     lora_r: int = 0
@@ -200,6 +210,9 @@ class TrainConfig:
         if self.mismatch_estimator not in MISMATCH_ESTIMATORS:
             raise ValueError(f"TrainConfig.mismatch_estimator={self.mismatch_estimator!r}: use one of "
                              f"{', '.join(MISMATCH_ESTIMATORS)}.")
+        if self.policy_logprob not in POLICY_LOGPROBS:
+            raise ValueError(f"TrainConfig.policy_logprob={self.policy_logprob!r}: use one of "
+                             f"{', '.join(POLICY_LOGPROBS)}.")
         if self.trajectory_steps is not None and self.trajectory_steps < 1:
             raise ValueError(f"TrainConfig.trajectory_steps={self.trajectory_steps} must be >= 1 (or None: all).")
         if self.grad_diagnostics_every and self.prompts_per_step < 2:
@@ -233,6 +246,7 @@ class Preset:
                              "it needs --rollout-precision fp8 (or use --train-forward bf16).")
         if self.model.family == "llada":
             self._check_mismatch_estimator()
+            self._check_policy_logprob()
         if self.grpo.max_completion_length < self.sampler.gen_length:
             object.__setattr__(self, "grpo", replace(self.grpo, max_completion_length=self.sampler.gen_length))
 
@@ -251,6 +265,19 @@ class Preset:
         if self.train.mismatch_estimator == "trajectory" and self.sampler.temperature == 0:
             raise ValueError("--mismatch-estimator trajectory needs a sampling density: --temperature 0 (greedy) has "
                              "none; sample at T > 0 or use --mismatch-estimator elbo.")
+
+    def _check_policy_logprob(self) -> None:
+        """The trajectory policy likelihood needs a density (T > 0); Horvitz–Thompson weights act per token."""
+        if self.train.policy_logprob != "trajectory":
+            return
+        if self.sampler.temperature == 0:
+            raise ValueError("--policy-logprob trajectory needs a sampling density: the rollouts are greedy "
+                             "(temperature 0); sample at T > 0 or use --policy-logprob one_step.")
+        gspo = self.grpo.importance_sampling_level == "sequence" or self.grpo.loss_type == "tbpo"
+        if self.train.trajectory_steps is not None and gspo:
+            raise ValueError("--trajectory-steps with a sequence-level ratio (GSPO / --loss-type tbpo): the mean "
+                             "log-ratio of a subsample of steps is not an unbiased one; drop --trajectory-steps or use "
+                             "a token-level ratio.")
 
     def to_dict(self) -> dict:
         """Plain nested dict (written to <out>/config.json)."""

@@ -32,6 +32,15 @@ ROLLOUT_STEPS = "rollout/steps"
 ROLLOUT_GEN_LEN = "rollout/gen_len"
 ROLLOUT_NFE = "rollout/nfe"
 """Model forward calls of the step's rollout (Rollout.nfe; = rollout/steps without a KV cache or threshold)."""
+ROLLOUT_TOKENS_PER_STEP = "rollout/tokens_per_step"
+"""Mean tokens a diffusion rollout committed per denoising step (over (sequence, step) pairs that committed some):
+1 for one token per step; threshold decoding raises it (dllm_ais/rl/rollout_stats.py)."""
+ROLLOUT_TOKENS_PER_STEP_MAX = "rollout/tokens_per_step_max"
+"""Most tokens one sequence committed at one step (capped by --max-commit-per-step)."""
+ROLLOUT_GROUP_DISTINCT = "rollout/group_distinct"
+"""Mean number of distinct completions (counted tokens) per prompt group of G: confidence decoding makes them alike."""
+ROLLOUT_COMMIT_CONFIDENCE = "rollout/commit_confidence"
+"""Mean confidence (full-softmax probability) the counted tokens were committed with (low-confidence remasking)."""
 SKIPPED_STEPS = "train/skipped_steps"
 # rollout-correction diagnostics (verl's set under our names; dllm_ais/rl/mismatch_stats.py, docs/corrections.md)
 MISMATCH_PPL_TRAIN = "mismatch/ppl_train"
@@ -108,7 +117,8 @@ REQUIRED_STEP_METRICS = (
 
 
 REDUCTIONS: dict[str, str] = {AIS_LOG_W_MIN: "min", AIS_LOG_W_MAX: "max", CORR_IS_MIN: "min", CORR_IS_MAX: "max",
-                               MISMATCH_LOG_PPL_DIFF_MIN: "min", MISMATCH_LOG_PPL_DIFF_MAX: "max"}
+                               MISMATCH_LOG_PPL_DIFF_MIN: "min", MISMATCH_LOG_PPL_DIFF_MAX: "max",
+                               ROLLOUT_TOKENS_PER_STEP_MAX: "max"}
 """How a metric combines over processes when it is not already global: min, max; every other metric is averaged
 (`mean`). The AIS diagnostics are computed over the global batch, so they agree on every rank anyway."""
 

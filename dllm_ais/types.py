@@ -39,6 +39,9 @@ class Rollout:
     commit_confidence: torch.Tensor | None = None
     """[B, L] float32, diffusion with low-confidence remasking: the confidence (full-softmax probability) each token
     was committed with. None where the sampler has no such confidence (random remasking, autoregressive)."""
+    trajectory_plan: object | None = None
+    """The (sequence, step) canvases the trajectory likelihoods replay (`likelihood.trajectory.ReplayPlan`), drawn
+    once per rollout by the trainer and shared by π_θ, π_old, μ and the reference. None = every step."""
     nfe: int | None = None
     """Model forward calls the sampler made (Fast-dLLM's NFE; a block-refresh forward counts as one; CFG's second
     forward is not counted). None = num_steps."""

@@ -103,8 +103,9 @@ def _plain_logits(model, ids, attn, positions, prompt_mask, cfg_scale: float, ma
 
 def step_logits(model, rollout: Rollout, rows: torch.Tensor, steps: torch.Tensor, offsets: torch.Tensor,
                 config: SamplerConfig, mask_token_id: int) -> torch.Tensor:
-    """Logits [n, m, V] (float32, as the sampler casts them) the sampler `config` used at step steps[i] of row rows[i], at block-relative
-    positions offsets [n, m] (< block_length) of the step's block (module docstring). rows, steps [n] long."""
+    """Logits [n, m, V] (float32, as the sampler casts them) the sampler `config` used at step steps[i] of row
+    rows[i], at block-relative positions offsets [n, m] (< block_length) of the step's block (module docstring).
+    rows, steps [n] long."""
     P = rollout.prompt_ids.shape[1]
     Lb = config.block_length
     block, t0 = step_blocks(rollout.commit_step, rows, steps, Lb)

@@ -135,6 +135,16 @@ def replay_plan(commit_step: torch.Tensor, counted: torch.Tensor, num_steps: int
     return plan_for_steps(commit_step, counted, chosen, num_steps)
 
 
+def rollout_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
+    """The rollout of sequences `rows` [m] only (a micro-batch), its tensors indexed; the plan is left out."""
+    pick = lambda t: None if t is None else t[rows]  # noqa: E731
+    return Rollout(prompt_ids=rollout.prompt_ids[rows], prompt_mask=rollout.prompt_mask[rows],
+                   completion_ids=rollout.completion_ids[rows], completion_mask=rollout.completion_mask[rows],
+                   commit_step=rollout.commit_step[rows], num_steps=rollout.num_steps,
+                   logp_rollout=pick(rollout.logp_rollout), logp_select=pick(rollout.logp_select),
+                   commit_confidence=pick(rollout.commit_confidence), nfe=rollout.nfe)
+
+
 def share_step_terms(step_terms: torch.Tensor, commit_step: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
     """A step's term shared equally by the counted tokens it committed. step_terms [B, L] (the step's term repeated
     on each token it committed), commit_step [B, L], counted [B, L] bool -> [B, L] (0 off counted tokens)."""

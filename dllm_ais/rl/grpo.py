@@ -147,7 +147,8 @@ def _batch_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
               cfg: GRPOConfig, *, weights: torch.Tensor | None = None,
               logp_ref: torch.Tensor | None = None, logp_rollout: torch.Tensor | None = None,
-              bypass_correction: CorrectionConfig | None = None) -> LossOutput:
+              bypass_correction: CorrectionConfig | None = None,
+              token_scale: torch.Tensor | None = None) -> LossOutput:
     """Clipped GRPO surrogate (+ β k3 KL), aggregated by cfg.loss_type.
 
     logp_train: [B, L] log π_θ of the completion tokens (differentiable).
@@ -159,6 +160,10 @@ def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
     logp_rollout: [B, L] log μ (rollout policy) for cfg.off_policy_mask_threshold; None = logp_old (TRL without vLLM).
     bypass_correction: in bypass mode (π_old = μ) the correction config whose rejection rules act here on
                 π_θ / μ = exp(logp_train − logp_old) (verl's bypass); None = no in-loss rejection.
+    token_scale: None or [B, L] Horvitz–Thompson weights of a step-subsampled likelihood (S_b / K on the replayed
+                tokens, 0 on the others; likelihood/trajectory.py): every per-token term (surrogate and KL) is
+                multiplied by it while the normalisers keep counting every token of `mask`, so that the loss's
+                expectation over the subsample is the loss on every step.
     """
     valid = mask.bool()  # [B, L]
     if logp_train.shape != valid.shape or logp_old.shape != valid.shape:
@@ -239,6 +244,9 @@ def grpo_loss(logp_train: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
         if cfg.beta != 0.0:
             per_token = surrogate + cfg.beta * per_token_kl
 
+    if token_scale is not None:
+        ht = torch.where(valid, token_scale.detach(), 0).to(per_token.dtype)  # [B, L]
+        surrogate, per_token = surrogate * ht, per_token * ht
     aggregate = AGGREGATIONS[cfg.loss_type]
     loss = aggregate(per_token, valid, cfg.max_completion_length)
     with torch.no_grad():

@@ -14,6 +14,9 @@ The trainer never branches on diffusion vs autoregressive: it calls a `Backend`.
   `token_logp` (AR: the sampler's exact log-probs; diffusion: the one-step estimator under the rollout model with
   the same masks), for the per-token mismatch diagnostics, rejection and bypass (π_old := μ).
 - `sft_loss(model, prompt_ids, prompt_mask, completion_ids, generator)` -> [] supervised warm-up loss.
+- `prepare(rollout, generator)` attaches what every likelihood of the rollout shares (diffusion with a trajectory
+  likelihood: the replay plan, `Rollout.trajectory_plan`); `token_scale(rollout)` -> None or [B, L] the loss's
+  Horvitz–Thompson weights; `rollout_metrics(rollout, G)` -> the sampler's rollout/* metrics.
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ class Backend(Protocol):
     def sft_loss(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                  generator: torch.Generator) -> torch.Tensor: ...
 
+    def prepare(self, rollout: Rollout, generator: torch.Generator) -> None: ...
+
+    def token_scale(self, rollout: Rollout) -> torch.Tensor | None: ...
+
+    def rollout_metrics(self, rollout: Rollout, num_generations: int) -> dict[str, float]: ...
+
 
 @dataclass(frozen=True)
 class DiffusionBackend:
@@ -69,15 +78,67 @@ class DiffusionBackend:
     """`trajectory`: K denoising steps replayed per sequence (Horvitz–Thompson scaled); None = every step."""
     trajectory_chunk_size: int | None = None
     """`trajectory`: canvases per replay forward (None = the rollout's batch size)."""
+    policy_logprob: str = "one_step"
+    """log π in the GRPO ratio and KL: `one_step` (d1's estimator: every completion token masked at once) or
+    `trajectory` (the replay of the rollout's recorded canvases under the sampler's config: the path likelihood of
+    likelihood/trajectory.py, per token)."""
+    trajectory_selection: bool = False
+    """Trajectory likelihoods (policy and mismatch) include each step's selection term (which positions were
+    committed); False = the commit-only likelihood (token terms only)."""
     is_causal: bool = False
+
+    @property
+    def uses_trajectory(self) -> bool:
+        """The rollouts' canvases are replayed (policy likelihood or mismatch ratio): a plan is drawn per rollout."""
+        return self.policy_logprob == "trajectory" or self.mismatch_estimator == "trajectory"
 
     def sample(self, model, prompt_ids, prompt_mask, generator, progress=False) -> Rollout:
         from dllm_ais.samplers.diffusion import diffusion_sample
 
         return diffusion_sample(model, prompt_ids, prompt_mask, self.sampler, self.mask_token_id,
-                                self.stop_token_ids, generator=generator, progress=progress)
+                                self.stop_token_ids, generator=generator, progress=progress,
+                                record_selection=self.trajectory_selection and self.uses_trajectory)
+
+    def trajectory_plan(self, rollout: Rollout, generator: torch.Generator | None):
+        """The canvases every trajectory likelihood of this rollout replays (`trajectory_steps` per sequence, drawn
+        from `generator`, or all): a `likelihood.trajectory.ReplayPlan`."""
+        from dllm_ais.likelihood.trajectory import replay_plan
+
+        return replay_plan(rollout.commit_step, rollout.completion_mask.bool(), self.trajectory_steps,
+                           generator if self.trajectory_steps is not None else None)
+
+    def prepare(self, rollout: Rollout, generator: torch.Generator) -> None:
+        """Draw the rollout's replay plan once (shared by π_θ, π_old, μ and the reference) when a likelihood replays
+        its canvases; the generator is the step's `mismatch` one (the draw the trajectory ratio always made)."""
+        if self.uses_trajectory:
+            rollout.trajectory_plan = self.trajectory_plan(rollout, generator)
+
+    def rollout_metrics(self, rollout: Rollout, num_generations: int) -> dict[str, float]:
+        """Parallel-decoding diagnostics (rollout/tokens_per_step, group_distinct, commit_confidence)."""
+        from dllm_ais.rl.rollout_stats import commit_stats
+
+        return commit_stats(rollout.commit_step, rollout.completion_mask, rollout.completion_ids, num_generations,
+                            rollout.commit_confidence)
+
+    def _plan(self, rollout: Rollout):
+        return rollout.trajectory_plan if rollout.trajectory_plan is not None else self.trajectory_plan(rollout, None)
+
+    def token_scale(self, rollout: Rollout) -> torch.Tensor | None:
+        """[B, L] Horvitz–Thompson weights of the policy likelihood's replayed tokens (S_b / K on the sampled steps,
+        0 on tokens not replayed), for the loss; None with the one-step estimator (every token scored)."""
+        if self.policy_logprob != "trajectory":
+            return None
+        return self._plan(rollout).scale
 
     def token_logp(self, model, rollout: Rollout, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if self.policy_logprob == "trajectory":  # the plan, not the seed, fixes what is replayed
+            from dllm_ais.likelihood.trajectory import policy_token_logp, rollout_rows
+
+            plan = self._plan(rollout)
+            if rows is not None:
+                rollout, plan = rollout_rows(rollout, rows), plan.for_rows(rows)
+            return policy_token_logp(model, rollout, plan, self.sampler, mask_token_id=self.mask_token_id,
+                                     selection=self.trajectory_selection, chunk_size=self.trajectory_chunk_size)
         from dllm_ais.likelihood.one_step import draw_prompt_mask, one_step_logprobs
 
         masked = draw_prompt_mask(rollout.prompt_mask, self.p_mask_prompt, seed)  # [B, P], drawn for the whole batch
@@ -86,8 +147,22 @@ class DiffusionBackend:
                                  rollout.completion_ids[idx], prompt_masked=masked[idx],
                                  mask_token_id=self.mask_token_id)
 
+    def token_logp_by_rows(self, model, rollout: Rollout, chunks: list[torch.Tensor]) -> torch.Tensor:
+        """`token_logp` [B, L] computed chunk by chunk of rows (a trajectory policy's π_old, in the same forwards as
+        the update's micro-batches compute π_θ: the first iteration's ratio is then exactly 1)."""
+        parts = [(idx, self.token_logp(model, rollout, 0, rows=idx)) for idx in chunks]
+        out = torch.zeros(rollout.completion_ids.shape, dtype=parts[0][1].dtype, device=parts[0][1].device)
+        for idx, lp in parts:
+            out[idx] = lp
+        return out
+
     def rollout_token_logp(self, model_rollout, rollout: Rollout, seed: int,
                            rows: torch.Tensor | None = None) -> torch.Tensor:
+        if self.policy_logprob == "trajectory" and rollout.logp_rollout is not None:  # the sampler's own record
+            from dllm_ais.likelihood.trajectory import rollout_token_logp
+
+            out = rollout_token_logp(rollout, self._plan(rollout), self.trajectory_selection)
+            return out if rows is None else out[rows]
         return self.token_logp(model_rollout, rollout, seed, rows)
 
     def trajectory_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
@@ -99,10 +174,12 @@ class DiffusionBackend:
             return zeros if level != "sequence" else zeros.sum(-1)
         from dllm_ais.likelihood.trajectory import trajectory_log_ratio
 
+        plan = rollout.trajectory_plan if rollout.trajectory_plan is not None else self.trajectory_plan(rollout,
+                                                                                                        generator)
         est = trajectory_log_ratio(model_old, model_rollout, rollout, temperature=self.sampler.temperature,
-                                   mask_token_id=self.mask_token_id, num_steps=self.trajectory_steps,
-                                   generator=generator if self.trajectory_steps is not None else None,
-                                   chunk_size=self.trajectory_chunk_size, cfg_scale=self.sampler.cfg_scale)
+                                   mask_token_id=self.mask_token_id, plan=plan, chunk_size=self.trajectory_chunk_size,
+                                   cfg_scale=self.sampler.cfg_scale, config=self.sampler,
+                                   selection=self.trajectory_selection)
         return est.token_log_ratio if level != "sequence" else est.log_ratio
 
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
@@ -140,6 +217,17 @@ class AutoregressiveBackend:
     pad_token_id: int | None = None
     """Token fed to finished rows (default: the first stop token)."""
     is_causal: bool = True
+
+    def prepare(self, rollout: Rollout, generator: torch.Generator) -> None:
+        """Nothing to share: exact per-token log-probs."""
+
+    def token_scale(self, rollout: Rollout) -> None:
+        """Every token is scored."""
+        return None
+
+    def rollout_metrics(self, rollout: Rollout, num_generations: int) -> dict[str, float]:
+        """No denoising steps: one token per step."""
+        return {}
 
     def _ar_config(self):
         from dllm_ais.samplers.autoregressive import ARSamplerConfig

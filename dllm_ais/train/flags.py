@@ -28,7 +28,11 @@ NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
     ("--dual-clip", lambda p: p.grpo.loss_type == "tbpo", "--loss-type tbpo"),
     ("--fp4-format", lambda p: p.train.rollout_precision == "fp4", "--rollout-precision fp4"),
     *((flag, lambda p: p.model.family == "llada", "a diffusion (LLaDA) preset; autoregressive rollouts have no "
-       "denoising canvas") for flag in ("--cache", "--threshold", "--mismatch-estimator", "--trajectory-steps")),
+       "denoising canvas") for flag in ("--cache", "--threshold", "--mismatch-estimator", "--trajectory-steps",
+                                        "--policy-logprob", "--max-commit-per-step")),
+    *((flag, lambda p: "trajectory" in (p.train.mismatch_estimator, p.train.policy_logprob),
+       "--mismatch-estimator trajectory or --policy-logprob trajectory") for flag in ("--trajectory-steps",
+                                                                                    "--trajectory-selection")),
 )
 """(flag, when the flag is read, what to add): a typed flag whose condition is false would be silently ignored."""
 

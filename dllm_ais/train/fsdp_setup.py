@@ -49,6 +49,9 @@ def fsdp_refusals(preset, fsdp_version: int | None) -> str | None:
     if tc.rollout_precision == "fp8" and mc.family == "qwen":
         return ("FSDP with FP8 rollouts of a Qwen3 model is not supported (its fused static-cache copy is synced from "
                 "full weights only); use DDP (distributed_type: MULTI_GPU) with LoRA (--lora-r).")
+    if tc.policy_logprob == "trajectory":
+        return ("--policy-logprob trajectory under FSDP is not supported (the replay's forward count per rank, "
+                "recomputed in backward, differs between ranks); use DDP or --policy-logprob one_step.")
     if tc.lora_r == 0 and mc.dtype in LOW_PRECISION_DTYPES:
         return (f"FSDP full fine-tuning with --dtype {mc.dtype} would update the sharded parameters in 16 bits (small "
                 "updates are lost); pass --dtype float32 and set accelerate's mixed_precision: bf16, so that FSDP "

@@ -105,7 +105,9 @@ def _llada_backend(sampler, model, tokenizer, train=None):
     extra = {} if train is None else dict(p_mask_prompt=train.p_mask_prompt,
                                           mismatch_num_draws=train.mismatch_num_draws,
                                           mismatch_estimator=train.mismatch_estimator,
-                                          trajectory_steps=train.trajectory_steps)
+                                          trajectory_steps=train.trajectory_steps,
+                                          policy_logprob=train.policy_logprob,
+                                          trajectory_selection=train.trajectory_selection)
     return DiffusionBackend(sampler, model.config.mask_token_id, stop_token_ids(model), **extra)
 
 

@@ -28,6 +28,7 @@ from dllm_ais.rl.mismatch_stats import k1, masked_mean, rollout_diagnostics
 from dllm_ais.train import fsdp_setup, grad_diagnostics
 from dllm_ais.train.backend import Backend
 from dllm_ais.train.distributed import correct_global, gather_rows, global_sum
+from dllm_ais.train.interrupt import install_sigint
 from dllm_ais.train.master_weights import MasterWeights
 from dllm_ais.train.rewards import RewardSet, StepSkipped, TrainerState, conversational_form
 from dllm_ais.train.run_dir import RunDir
@@ -228,14 +229,23 @@ class Trainer:
 
         return aligned_forward(self.master, BACKENDS[self.tc.fp8_backend].scheme)
 
+    def _micro_batches(self, B: int, device) -> list[torch.Tensor]:
+        """The row chunks of one update (gradient accumulation)."""
+        return [c for c in torch.arange(B, device=device).tensor_split(self.tc.gradient_accumulation_steps)
+                if c.numel()]
+
     @torch.no_grad()
     def _old_logp(self, rollout, seeds: list[int]) -> list[torch.Tensor]:
         """π_old's per-token log-probs [B, L] per inner iteration: the master (aligned forward if chosen), or with
-        bypass the rollout policy μ itself (no BF16 old-policy pass)."""
+        bypass the rollout policy μ itself (no BF16 old-policy pass). A trajectory policy replays one plan per
+        rollout: computed once, micro-batch by micro-batch as the update computes π_θ (ratio exactly 1 at first)."""
         backend = self.policy.backend
         if self.cfg.correction.bypass:
             return [backend.rollout_token_logp(self.rollout_model, rollout, s) for s in seeds]
         with self._train_forward():
+            if backend.token_scale(rollout) is not None:  # a trajectory policy: one replay for every iteration
+                chunks = self._micro_batches(rollout.completion_ids.shape[0], rollout.completion_ids.device)
+                return [backend.token_logp_by_rows(self.master, rollout, chunks)] * len(seeds)
             return [backend.token_logp(self.master, rollout, s) for s in seeds]
 
     def _correction(self, rollout, adv, logp_old: torch.Tensor, seed: int
@@ -246,9 +256,15 @@ class Trainer:
         with torch.no_grad():
             same = cc.bypass or self.rollout_model is self.master  # μ = π_old by construction
             logp_roll = logp_old if same else backend.rollout_token_logp(self.rollout_model, rollout, seed)
+            scale = backend.token_scale(rollout)  # [B, L] HT weights of a trajectory policy, else None
+            if scale is not None:  # only the replayed tokens carry π_old and μ terms
+                mask = mask & (scale > 0)
             token_log_w = torch.where(mask, logp_old - logp_roll, 0)  # [B, L]
             if cc.bypass:
                 log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)  # zeros
+            elif scale is not None and backend.mismatch_estimator == "trajectory":  # π_old's replay is the policy's
+                token_log_w = (token_log_w.double() * scale).float()  # ℓ_j, Horvitz–Thompson weighted
+                log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)
             elif getattr(backend, "mismatch_estimator", "elbo") == "trajectory":  # replayed canvases, every level
                 with self._train_forward():
                     token_log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
@@ -355,11 +371,13 @@ class Trainer:
         t_sample = time.perf_counter()  # tokenisation is not rollout time
         rollout = backend.sample(self.rollout_model, ids, mask, step_generator(tc.seed, step, "sample", device))
         t_roll = time.perf_counter() - t_sample
+        backend.prepare(rollout, step_generator(tc.seed, step, "mismatch", device))  # e.g. the trajectory plan
         n_tokens = int(rollout.completion_mask.sum())
         row.update({M.ROLLOUT_TOKENS_PER_S: generated_tokens(rollout) / max(t_roll, 1e-9),
                     M.ROLLOUT_STEPS: rollout.num_steps, M.ROLLOUT_GEN_LEN: n_tokens / len(rows),
                     M.ROLLOUT_NFE: rollout.num_steps if rollout.nfe is None else rollout.nfe,
                     M.time_key("rollout"): time.perf_counter() - t0})
+        row.update(backend.rollout_metrics(rollout, G))
 
         tok = self.policy.tokenizer
         texts = [tok.decode(c[k], skip_special_tokens=True)
@@ -436,8 +454,7 @@ class Trainer:
         cfg = self.cfg
         self.model.train()
         B = adv.shape[0]
-        chunks = [c for c in torch.arange(B, device=adv.device).tensor_split(self.tc.gradient_accumulation_steps)
-                  if c.numel()]
+        chunks = self._micro_batches(B, adv.device)
         token_mean = cfg.grpo.loss_type in TOKEN_MEAN_LOSSES
         # token-mean losses divide by the global batch's token count (TRL): this process's loss is its token sum
         # over (global tokens / processes), so that the average DDP takes over processes is the global token mean
@@ -482,12 +499,14 @@ class Trainer:
 
     def _loss(self, rollout, idx, adv, weights, logp_old, logp_ref, seed, mask, logp_roll):
         """The GRPO loss over rows idx alone, ω = weights ([len(idx)] or [len(idx), L]): the update's, per chunk."""
-        cfg = self.cfg
+        cfg, backend = self.cfg, self.policy.backend
         with self._train_forward():
-            logp = self.policy.backend.token_logp(self.model, rollout, seed, rows=idx)
+            logp = backend.token_logp(self.model, rollout, seed, rows=idx)
+        scale = backend.token_scale(rollout)  # HT step weights of a trajectory policy
         return grpo_loss(logp, logp_old[idx], adv[idx], mask[idx], cfg.grpo, weights=weights,
                          logp_ref=None if logp_ref is None else logp_ref[idx], logp_rollout=logp_roll[idx],
-                         bypass_correction=cfg.correction if cfg.correction.bypass else None)
+                         bypass_correction=cfg.correction if cfg.correction.bypass else None,
+                         token_scale=None if scale is None else scale[idx])
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -509,7 +528,7 @@ class Trainer:
 
             bar = tqdm(total=self.tc.steps, initial=self.step, desc="AIS-GRPO", unit="step")
         written = []
-        restore = self._install_sigint()
+        restore = install_sigint(lambda: self._stop_requested, lambda: setattr(self, "_stop_requested", True))
         try:
             while self.step < self.tc.steps:
                 self._updated_this_step = False
@@ -554,25 +573,6 @@ class Trainer:
                 writer.close()
         self.save()
         return written
-
-    def _install_sigint(self):
-        """First SIGINT sets a flag (stop after this step); the second raises at once. Returns the restorer."""
-        import signal
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = signal.getsignal(signal.SIGINT)
-
-        def handler(signum, frame):
-            if self._stop_requested:
-                raise KeyboardInterrupt
-            self._stop_requested = True
-            print("\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to stop now)",
-                  file=sys.stderr)
-
-        signal.signal(signal.SIGINT, handler)
-        return lambda: signal.signal(signal.SIGINT, previous)
 
     def _any_process(self, flag: bool) -> bool:
         """True if `flag` holds on any process (the same answer everywhere)."""
