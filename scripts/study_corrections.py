@@ -145,10 +145,11 @@ def run_plan_command(args, argv: list[str]) -> int:
         print(f"wrote {out / 'summary.json'}")
         return 0
     study_plan.run_plan(plan, work, wanted, seeds, log=log, workers=args.workers)
+    seeds, redraws = study_plan.accepted_seeds(plan, work, seeds, log=log)  # [sft_acceptance] (cached scores)
     results = study.collect(work, study_plan.arms(plan, include_missing=True), seeds)  # every finished run, also
     sft = {s: study_plan.sft_scores(plan, work, s) for s in seeds}  # those of earlier commands (other --arms)
     summary = {**meta, "preset": study.study_preset(plan.config, seeds[0]).to_dict(),
-               **study_plan.summarize_plan(plan, results, sft)}
+               **study_plan.summarize_plan(plan, results, sft, redraws)}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     atomic_write_text(out / "runs.jsonl", "".join(json.dumps(r) + "\n" for r in results))

@@ -102,7 +102,7 @@ def test_every_committed_plan_builds_its_arms_on_a_known_preset(path):
 
     plan = study_plan.load_plan(path)  # an unknown preset raises here
     arms = study_plan.arms(plan)
-    assert len({a.name for a in arms}) == len(arms) and arms[0].name == "bf16"
+    assert len({a.name for a in arms}) == len(arms) and plan.baseline in {a.name for a in arms}
     for arm in arms:  # every arm's configs validate (unknown fields or values raise here)
         preset = study.study_preset(plan.config, plan.config.seeds[0], arm)
         assert preset.train.rollout_precision == arm.rollout_precision
@@ -123,6 +123,96 @@ def test_the_committed_plan_parses_and_preregisters_the_issue_comparisons():
     from dllm_ais.config import get_preset
 
     assert get_preset(plan.config.preset).train.sft_steps > 0
+
+
+EXPLICIT = """
+[plan]
+name = "x"
+preset = "study-cpu"
+seeds = [0, 1]
+baseline = "exact"
+[plan.settings]
+steps = 3
+eval_limit = 8
+
+[primary_metric]
+key = "heldout_acc_fast_t1"
+
+[evaluation]
+fast_sampler = { cache = "dual", threshold = 0.9 }
+
+[secondary]
+keys = ["heldout_acc_t1"]
+
+[sft_acceptance]
+key = "heldout_acc_greedy"
+min = 0.5
+redraw_offset = 1000
+max_redraws = 2
+
+[[arm]]
+name = "exact"
+rollout_precision = "bf16"
+
+[[arm]]
+name = "fast-trajectory"
+rollout_precision = "bf16"
+sampler = { cache = "dual", threshold = 0.9 }
+train = { mismatch_estimator = "trajectory", policy_logprob = "trajectory", trajectory_steps = 2 }
+
+[[comparison]]
+name = "objective"
+a = "fast-trajectory"
+b = "exact"
+test = "paired_t"
+"""
+
+
+def test_explicit_arms_comparisons_fast_evaluation_and_sft_acceptance(tmp_path, monkeypatch):
+    plan = _plan(tmp_path, EXPLICIT)
+    assert [a.name for a in study_plan.arms(plan)] == ["exact", "fast-trajectory"]
+    assert study_plan.comparisons(plan) == [{"name": "objective", "a": "fast-trajectory", "b": "exact",
+                                             "test": "paired_t"}]
+    preset = study.study_preset(plan.config, 0, study_plan.arms(plan)[1])
+    assert (preset.train.policy_logprob, preset.train.trajectory_steps, preset.sampler.cache) == ("trajectory", 2,
+                                                                                                   "dual")
+    assert plan.fast_sampler == {"cache": "dual", "threshold": 0.9} and plan.primary == "heldout_acc_fast_t1"
+    scores = {0: 0.7, 1: 0.1, 1001: 0.2, 2001: 0.6, 2: 0.0, 1002: 0.0, 2002: 0.0}  # SFT greedy accuracy by seed
+    monkeypatch.setattr(study_plan, "sft_scores", lambda plan, work, seed: {"heldout_acc_greedy": scores[seed]})
+    assert study_plan.accepted_seed(plan, tmp_path, 0, log=lambda _: None) == (0, [])
+    seed, rejected = study_plan.accepted_seed(plan, tmp_path, 1, log=lambda _: None)
+    assert seed == 2001 and [r["seed"] for r in rejected] == [1, 1001]
+    with pytest.raises(RuntimeError, match="no SFT warm-up met"):
+        study_plan.accepted_seed(plan, tmp_path, 2, log=lambda _: None)
+    for edit, match in ((lambda t: t.replace('b = "exact"', 'b = "nope"'), r"\[\[comparison\]\]"),
+                        (lambda t: t.replace('baseline = "exact"', 'baseline = "nope"'), "baseline"),
+                        (lambda t: t.replace("[evaluation]", "[evaluationz]"), "fast_sampler")):
+        with pytest.raises(ValueError, match=match):
+            _plan(tmp_path, edit(EXPLICIT))
+
+
+@pytest.mark.slow
+def test_explicit_plan_runs_end_to_end_with_the_fast_metric(tmp_path):
+    """--plan --smoke on an explicit design: both arms trained per seed and scored with the fast sampler too; the
+    baseline's gain and the registered comparison in the summary; the SFT bar (min 0.5, unreachable in 3 SFT steps)
+    is relaxed here to 0 so that the smoke run keeps its seeds."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("study_corrections", REPO / "scripts" / "study_corrections.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "plan.toml"
+    path.write_text(EXPLICIT.replace("min = 0.5", "min = 0.0"))
+    assert mod.main(["--plan", str(path), "--smoke", "--allow-dirty", "--out", str(tmp_path / "o"), "--work",
+                     str(tmp_path / "w")]) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    runs = [json.loads(line) for line in (tmp_path / "o" / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 4 and all(0.0 <= r["heldout_acc_fast_t1"] <= 1.0 for r in runs)
+    assert set(summary["holm"]) == {"objective"} and summary["holm"]["objective"]["n"] == 2
+    assert summary["baseline"] == "exact" and summary["bf16_gain"]["n"] == 2 and summary["sft_redraws"] == {}
+    sft = json.loads((tmp_path / "w" / "sft-seed0" / "sft_scores.json").read_text())
+    assert "heldout_acc_fast_t1" in sft
 
 
 # ------------------------------------------------------------------------------------------------ statistics

@@ -10,9 +10,17 @@ Plan file (study/plan.toml), sections:
   none, tis, ais) and `requires` (import paths "module:attr" that must resolve: a conditional stress regime whose
   code may not be in the package; left out of the run and the Holm family, and listed as such, when missing).
 - `[calibration]`: stress, taus, seeds, validation_limit (the τ scan on a validation split, `--calibrate`).
-Arms: `bf16` plus `<stress>-<correction>` for every stress regime. Pre-registered comparisons per (available)
-stress s, all in one Holm family: `harm:<s>` (s-none − bf16, two-sided paired t), `benefit:<s>` (s-ais − s-none,
-two-sided paired t), `equivalence:<s>` (s-ais − bf16, TOST with ±equivalence_margin).
+- Explicit designs instead of stress regimes: `[[arm]]` tables (name, rollout_precision, correction, train, sampler,
+  corr) and `[[comparison]]` tables (name, a, b, test = paired_t | tost): the arms and the Holm family as written;
+  `[plan] baseline` names the arm whose gain over the SFT model is reported (default bf16).
+- `[evaluation] fast_sampler`: SamplerConfig overrides (e.g. cache, threshold) of the `heldout_acc_fast_t1` metric:
+  the final model sampled with that fast sampler at the primary temperature.
+- `[sft_acceptance]`: key (an SFT score: heldout_acc_t1, heldout_acc_greedy, heldout_acc_fast_t1), min, redraw_offset,
+  max_redraws: a seed whose SFT model scores below `min` is replaced by seed + k·redraw_offset (k = 1, 2, ...) before
+  any of its runs; every re-draw is recorded in the summary.
+Arms (stress designs): `bf16` plus `<stress>-<correction>` for every stress regime. Pre-registered comparisons per
+(available) stress s, all in one Holm family: `harm:<s>` (s-none − bf16, two-sided paired t), `benefit:<s>` (s-ais −
+s-none, two-sided paired t), `equivalence:<s>` (s-ais − bf16, TOST with ±equivalence_margin).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from dllm_ais.atomic import atomic_write_text
 
 CORRECTIONS = ("none", "tis", "ais")
 """Corrections of every stress regime unless its table lists others."""
-PRIMARY_KEYS = ("heldout_acc_t1", "heldout_acc_greedy", "final_reward", "collapse")
+PRIMARY_KEYS = ("heldout_acc_t1", "heldout_acc_greedy", "heldout_acc_fast_t1", "final_reward", "collapse")
 """result.json fields a plan may name as primary or secondary metric."""
 
 
@@ -98,6 +106,16 @@ class Plan:
     """A run collapsed when its final-quarter reward is below its peak moving average by more than this."""
     calibration: dict
     """[calibration] section (may be empty)."""
+    explicit_arms: tuple = ()
+    """[[arm]] tables as study.Arm (empty: bf16 plus the stress regimes' arms)."""
+    explicit_comparisons: tuple = ()
+    """[[comparison]] tables (empty: harm / benefit / equivalence per stress regime)."""
+    baseline: str = "bf16"
+    """The arm whose gain over the SFT model is reported."""
+    fast_sampler: dict = field(default_factory=dict)
+    """[evaluation] fast_sampler: SamplerConfig overrides of heldout_acc_fast_t1 (empty: not measured)."""
+    sft_acceptance: dict = field(default_factory=dict)
+    """[sft_acceptance] (empty: every seed is kept)."""
 
 
 def missing_requirements(stress: Stress) -> list[str]:
@@ -169,13 +187,51 @@ def load_plan(path: str | Path) -> Plan:
     calib = dict(doc.get("calibration", {}))
     if calib and calib.get("stress") not in {s.name for s in stresses}:
         raise ValueError(f"{path}: [calibration] stress={calib.get('stress')!r} is not a [[stress]] name.")
+    explicit, tests = _explicit_design(path, doc)
+    fast = dict(doc.get("evaluation", {}).get("fast_sampler", {}))
+    if "heldout_acc_fast_t1" in (primary, *secondary) and not fast:
+        raise ValueError(f"{path}: heldout_acc_fast_t1 needs [evaluation] fast_sampler = {{ cache = ..., ... }}.")
+    accept = dict(doc.get("sft_acceptance", {}))
+    if accept and accept.get("key") not in ("heldout_acc_t1", "heldout_acc_greedy", "heldout_acc_fast_t1"):
+        raise ValueError(f"{path}: [sft_acceptance] key must be an SFT score (heldout_acc_t1, heldout_acc_greedy, "
+                         f"heldout_acc_fast_t1), got {accept.get('key')!r}.")
+    baseline = head.get("baseline", "bf16")
+    if explicit and baseline not in {a.name for a in explicit}:
+        raise ValueError(f"{path}: [plan] baseline={baseline!r} is not an [[arm]] name.")
     return Plan(head.get("name", path.stem), str(path), hashlib.sha256(data).hexdigest(), doc, cfg, tuple(stresses),
                 primary, float(prim.get("temperature", 1.0)), secondary, alpha, margin,
-                int(coll.get("window", 10)), float(coll.get("drop", 0.2)), calib)
+                int(coll.get("window", 10)), float(coll.get("drop", 0.2)), calib, explicit, tests, baseline, fast,
+                accept)
+
+
+def _explicit_design(path: Path, doc: dict) -> tuple[tuple, tuple]:
+    """[[arm]] and [[comparison]] tables, checked: unique arm names, comparisons between listed arms."""
+    arms_, tests = [], []
+    for i, a in enumerate(doc.get("arm", [])):
+        extra = set(a) - {"name", "rollout_precision", "correction", "train", "sampler", "corr"}
+        if extra or "name" not in a or "rollout_precision" not in a:
+            raise ValueError(f"{path}: [[arm]] #{i + 1} needs name and rollout_precision; unknown keys "
+                             f"{sorted(extra)}.")
+        arms_.append(study.Arm(a["name"], a["rollout_precision"], a.get("correction", "none"), dict(a.get("train", {})),
+                               dict(a.get("corr", {})), dict(a.get("sampler", {}))))
+    names = [a.name for a in arms_]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: two [[arm]] tables share a name.")
+    for c in doc.get("comparison", []):
+        if set(c) != {"name", "a", "b", "test"} or c["test"] not in ("paired_t", "tost") or not {c["a"], c["b"]} <= \
+                set(names):
+            raise ValueError(f"{path}: a [[comparison]] needs exactly name, a, b (two [[arm]] names) and test "
+                             f"(paired_t or tost); got {c}.")
+        tests.append(dict(c))
+    if tests and not arms_:
+        raise ValueError(f"{path}: [[comparison]] tables need [[arm]] tables.")
+    return tuple(arms_), tuple(tests)
 
 
 def arms(plan: Plan, include_missing: bool = False) -> list[study.Arm]:
-    """bf16 plus every (available) stress regime × its corrections, in plan order."""
+    """The [[arm]] tables, or bf16 plus every (available) stress regime × its corrections, in plan order."""
+    if plan.explicit_arms:
+        return list(plan.explicit_arms)
     out = [study.Arm("bf16", "bf16", "none")]
     for s in plan.stresses:
         if missing_requirements(s) and not include_missing:
@@ -187,7 +243,10 @@ def arms(plan: Plan, include_missing: bool = False) -> list[study.Arm]:
 
 
 def comparisons(plan: Plan) -> list[dict]:
-    """The pre-registered Holm family: harm / benefit / equivalence per available stress regime."""
+    """The pre-registered Holm family: the [[comparison]] tables, or harm / benefit / equivalence per available
+    stress regime."""
+    if plan.explicit_comparisons:
+        return [dict(c) for c in plan.explicit_comparisons]
     out = []
     for s in plan.stresses:
         if missing_requirements(s):
@@ -234,13 +293,15 @@ def validation_rows(preset, seed: int, limit: int) -> list[dict]:
 
 
 def _evaluate(model, tokenizer, preset, plan: Plan, temperature: float, split: str = "test",
-              data_path: str | None = None) -> dict:
+              data_path: str | None = None, sampler: dict | None = None) -> dict:
+    """Held-out scores with the preset's evaluation sampler, or with `sampler` overrides of it (the fast sampler)."""
     import torch
 
     from dllm_ais.analysis.evaluate import eval_sampler, evaluate
 
+    config = replace(eval_sampler(preset), **(sampler or {}))
     with torch.no_grad():
-        return evaluate(model, tokenizer, preset.train.task, eval_sampler(preset), split=split, data_path=data_path,
+        return evaluate(model, tokenizer, preset.train.task, config, split=split, data_path=data_path,
                         limit=plan.config.eval_limit, batch_size=plan.config.eval_batch_size, seed=0,
                         task_config=preset.train.task_config, family=preset.model.family, temperature=temperature)
 
@@ -264,8 +325,36 @@ def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
     greedy = _evaluate(model, tok, preset, plan, 0.0)
     scores = {"heldout_acc_t1": t1["full_reward_frac"], "heldout_acc_greedy": greedy["full_reward_frac"],
               "heldout_n": t1["n"]}
+    if plan.fast_sampler:
+        fast = _evaluate(model, tok, preset, plan, plan.primary_temperature, sampler=plan.fast_sampler)
+        scores["heldout_acc_fast_t1"] = fast["full_reward_frac"]
     atomic_write_text(path, json.dumps(scores))
     return scores
+
+
+def accepted_seed(plan: Plan, work: Path, seed: int, log=print) -> tuple[int, list[dict]]:
+    """The seed whose runs stand for `seed`: itself, or with [sft_acceptance] the first of seed + k·redraw_offset
+    (k = 0, 1, ...) whose SFT model scores >= min. Returns (seed, the rejected draws with their scores)."""
+    rule = plan.sft_acceptance
+    if not rule:
+        return seed, []
+    rejected = []
+    for k in range(int(rule.get("max_redraws", 5)) + 1):
+        candidate = seed + k * int(rule.get("redraw_offset", 1000))
+        score = sft_scores(plan, work, candidate)[rule["key"]]
+        if score >= float(rule["min"]):
+            return candidate, rejected
+        rejected.append({"seed": candidate, rule["key"]: score})
+        log(f"seed {candidate}: SFT {rule['key']} {score:.3f} < {rule['min']}: re-drawn")
+    raise RuntimeError(f"seed {seed}: no SFT warm-up met [sft_acceptance] in {len(rejected)} draws ({rejected}).")
+
+
+def accepted_seeds(plan: Plan, work: Path, seeds: Sequence[int], log=print, workers: int = 1
+                   ) -> tuple[list[int], dict[str, list[dict]]]:
+    """accepted_seed for every seed (their SFT warm-ups first, in parallel): (seeds to run, re-draws by seed)."""
+    list(_pool_map(_sft_job, [(plan, str(work), s) for s in seeds], workers))
+    chosen = [accepted_seed(plan, work, s, log) for s in seeds]
+    return [c for c, _ in chosen], {str(s): r for s, (_, r) in zip(seeds, chosen, strict=True) if r}
 
 
 def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit: int = 0) -> dict:
@@ -295,11 +384,14 @@ def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit:
     wall = time.perf_counter() - t0  # of this invocation (a resumed run: the remaining steps and the evaluation)
     eval_preset = study.study_preset(plan.config, seed)  # the preset's own sampler: BF16 master, no fast decoding
     master, tok = trainer.master, trainer.policy.tokenizer
+    fast = {"full_reward_frac": None}
     if validation_limit:  # a calibration run: the test split is not scored at all
         t1 = greedy = {"full_reward_frac": None, "n": 0}
     else:
         t1 = _evaluate(master, tok, eval_preset, plan, plan.primary_temperature)
         greedy = _evaluate(master, tok, eval_preset, plan, 0.0)
+        if plan.fast_sampler:
+            fast = _evaluate(master, tok, eval_preset, plan, plan.primary_temperature, sampler=plan.fast_sampler)
     rows = sorted(M.read_metrics(run), key=lambda r: r[M.STEP])
     traj = {k: [study._num(r.get(k)) for r in rows] for k in (*study.TRAJECTORY_KEYS, M.ROLLOUT_LOGP_MU, M.CORR_ESS)}
     first, final = study.quarter_means(traj[M.REWARD_MEAN])
@@ -308,7 +400,7 @@ def run_arm(plan: Plan, work: Path, arm: study.Arm, seed: int, validation_limit:
         "arm": arm.name, "seed": seed, "rollout_precision": arm.rollout_precision, "correction": arm.correction,
         "steps": len(rows), "first_reward": first, "final_reward": final,
         "heldout_acc_t1": t1["full_reward_frac"], "heldout_acc_greedy": greedy["full_reward_frac"],
-        "heldout_n": t1["n"],
+        "heldout_acc_fast_t1": fast["full_reward_frac"], "heldout_n": t1["n"],
         "collapse": float(collapsed(traj[M.REWARD_MEAN], plan.collapse_window, plan.collapse_drop)),
         "ess_final": study._mean(traj[M.AIS_ESS][-tail:]), "corr_ess_final": study._mean(traj[M.CORR_ESS][-tail:]),
         "logp_mu_first": study._mean(traj[M.ROLLOUT_LOGP_MU][:tail]),
@@ -371,8 +463,7 @@ def run_plan(plan: Plan, work: Path, arm_names: Sequence[str] | None = None, see
     the same as serial ones (each is seeded by its own seed, never by the order it ran in)."""
     work.mkdir(parents=True, exist_ok=True)
     selected = [a for a in arms(plan) if arm_names is None or a.name in arm_names]
-    seeds = list(seeds or plan.config.seeds)
-    list(_pool_map(_sft_job, [(plan, str(work), s) for s in seeds], workers))
+    seeds, _ = accepted_seeds(plan, work, list(seeds or plan.config.seeds), log, workers)
     jobs = [(plan, str(work), arm, seed, 0) for seed in seeds for arm in selected]
     results = []
     for r in _pool_map(_arm_job, jobs, workers):
@@ -413,7 +504,7 @@ def run_calibration(plan: Plan, work: Path, log=print, workers: int = 1) -> dict
 
 
 # ------------------------------------------------------------------------------------------------------ report
-def summarize_plan(plan: Plan, results: Sequence[dict], sft: dict[int, dict]) -> dict:
+def summarize_plan(plan: Plan, results: Sequence[dict], sft: dict[int, dict], redraws: dict | None = None) -> dict:
     """summary.json's study fields: plan, primary_metric, per-arm outcomes with ess_final, bf16_gain, holm,
     min_detectable_effect and the λ lead/lag of collapsed runs."""
     by: dict[str, dict[int, dict]] = {}
@@ -428,7 +519,8 @@ def summarize_plan(plan: Plan, results: Sequence[dict], sft: dict[int, dict]) ->
             entry[k] = {"mean": m, "ci95": ci}
         arms_out[name] = entry
     ess_final = {n: e["ess_final"]["mean"] for n, e in arms_out.items()}
-    gain_diffs = [by["bf16"][s][key] - sft[s][key] for s in sorted(by.get("bf16", {})) if s in sft]
+    base = plan.baseline
+    gain_diffs = [by[base][s][key] - sft[s][key] for s in sorted(by.get(base, {})) if s in sft]
     bf16_gain = paired_t(gain_diffs, alternative="greater")
     tests, pvals = {}, {}
     for c in comparisons(plan):
@@ -458,6 +550,7 @@ def summarize_plan(plan: Plan, results: Sequence[dict], sft: dict[int, dict]) ->
         "lambda_lead_lag_collapsed_runs": lead_lag,
         "sft": {str(s): v for s, v in sft.items()},
         "not_run": [s.name for s in plan.stresses if missing_requirements(s)],
+        "baseline": base, "sft_redraws": redraws or {},
     }
 
 
@@ -488,6 +581,7 @@ def report_table(summary: dict) -> str:
         lines.append(f"| {name} | {t['a']} − {t['b']} | {f(t['mean'])} | {f(t['p'], 4)} | {f(t['p_holm'], 4)} | "
                      f"{t['rejected']} |")
     g = summary["bf16_gain"]
-    lines += ["", f"BF16 gain over the SFT model ({key}): {f(g['mean'])} [{f(g['ci95'][0])}, {f(g['ci95'][1])}], "
+    lines += ["", f"Gain of {summary.get('baseline', 'bf16')} over the SFT model ({key}): {f(g['mean'])} "
+              f"[{f(g['ci95'][0])}, {f(g['ci95'][1])}], "
               f"n = {g['n']}"]
     return "\n".join(lines)
