@@ -78,25 +78,29 @@ def test_first_iteration_ratio_is_exactly_one_and_the_plan_is_shared(tmp_path, m
 
 def test_the_mismatch_ratio_is_the_policy_replay_against_the_sampler_record(tmp_path, monkeypatch):
     """With a trajectory policy, ℓ = Σ_j scale_j (log π_old − log μ) on the policy's own replay (no extra replay of
-    π_old) and μ's record; sequence level, so ais/log_w_mean is the mean of the rows' ℓ."""
+    π_old) and μ's record; sequence level, so ais/log_w_mean is the mean of the rows' ℓ, and with K = 2 replayed steps
+    the divergence D divides the Horvitz–Thompson ℓ by the sequence's full counted length."""
     seen = {}
     real = trainer_module.Trainer._correction
 
     def spy(self, rollout, adv, logp_old, seed):
         out = real(self, rollout, adv, logp_old, seed)
-        seen.setdefault("rows", []).append((rollout, logp_old.clone(), out[1]["ais/log_w_mean"]))
+        seen.setdefault("rows", []).append((rollout, logp_old.clone(), out[1]))
         return out
 
     monkeypatch.setattr(trainer_module.Trainer, "_correction", spy)
     import dllm_ais.likelihood.trajectory as trajectory
 
     monkeypatch.setattr(trajectory, "trajectory_log_ratio", None)  # never called: π_old's replay is reused
-    run_training(_preset(steps=1, trajectory_selection=True), tmp_path / "run", progress=False)
-    (rollout, old, log_w_mean), = seen["rows"]
+    run_training(_preset(steps=1, trajectory_selection=True, trajectory_steps=2), tmp_path / "run", progress=False)
+    (rollout, old, metrics), = seen["rows"]
     plan = rollout.trajectory_plan
+    assert bool((plan.scale > 1).any())  # subsampled
     mu = trajectory.rollout_token_logp(rollout, plan, selection=True)
     ell = (torch.where(plan.scale > 0, old.double() - mu, 0) * plan.scale).sum(-1)
-    assert log_w_mean == pytest.approx(float(ell.mean()), abs=1e-5)
+    assert metrics["ais/log_w_mean"] == pytest.approx(float(ell.mean()), abs=1e-5)
+    lengths = rollout.completion_mask.sum(-1).double()
+    assert metrics[M.AIS_DIVERGENCE] == pytest.approx(float((ell.abs() / lengths).mean()), rel=1e-4)
     assert float(ell.abs().max()) > 1e-3  # an FP8 mismatch is measured
 
 

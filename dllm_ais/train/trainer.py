@@ -257,9 +257,8 @@ class Trainer:
             same = cc.bypass or self.rollout_model is self.master  # μ = π_old by construction
             logp_roll = logp_old if same else backend.rollout_token_logp(self.rollout_model, rollout, seed)
             scale = backend.token_scale(rollout)  # [B, L] HT weights of a trajectory policy, else None
-            if scale is not None:  # only the replayed tokens carry π_old and μ terms
-                mask = mask & (scale > 0)
-            token_log_w = torch.where(mask, logp_old - logp_roll, 0)  # [B, L]
+            scored = mask if scale is None else mask & (scale > 0)  # the tokens carrying π_old and μ terms
+            token_log_w = torch.where(scored, logp_old - logp_roll, 0)  # [B, L]
             if cc.bypass:
                 log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)  # zeros
             elif scale is not None and backend.mismatch_estimator == "trajectory":  # π_old's replay is the policy's
@@ -278,15 +277,16 @@ class Trainer:
             else:  # token / geometric: the per-token log-ratios (LLaDA: one-step estimator, same masks as π_old)
                 log_w = token_log_w
             # the global batch's rows, gathered once for every statistic below and for the correction
-            (g_old, g_roll, g_mask), _ = gather_rows(self.acc, logp_old, logp_roll, mask)
-            diag = rollout_diagnostics(g_old, g_roll, g_mask, cc.log_w_clamp)
+            (g_old, g_roll, g_scored, g_mask), _ = gather_rows(self.acc, logp_old, logp_roll, scored, mask)
+            diag = rollout_diagnostics(g_old, g_roll, g_scored, cc.log_w_clamp)
             metrics = {M.DIAGNOSTIC_NAMES[k]: float(v) for k, v in diag.items()}
             recorded = rollout.logp_rollout if rollout.logp_rollout is not None else logp_roll  # [B, L]
-            metrics[M.ROLLOUT_LOGP_MU] = float(torch.where(mask, recorded, 0).sum(-1).mean())  # concentration
+            metrics[M.ROLLOUT_LOGP_MU] = float(torch.where(scored, recorded, 0).sum(-1).mean())  # concentration
             if cc.train_forward == "aligned":  # what alignment removed: the plain forward on the same rollouts
                 plain = backend.token_logp(self.master, rollout, seed)
                 (g_plain,), _ = gather_rows(self.acc, plain)
-                metrics[M.MISMATCH_KL_TOKEN_BF16] = float(masked_mean(k1(g_plain.double() - g_roll.double()), g_mask))
+                metrics[M.MISMATCH_KL_TOKEN_BF16] = float(masked_mean(k1(g_plain.double() - g_roll.double()),
+                                                                      g_scored))
                 if cc.correction_level == "sequence":  # same mask draws (same generator seed) as the aligned ℓ
                     plain_lw = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
                         self.tc.seed, self.step, "mismatch", self.acc.device), "sequence")  # [B]
