@@ -423,6 +423,8 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
             if dev.type != "cuda":
                 rows("rl", "step_ms" + ("_checkpointed" if checkpointed else ""), time_ms(step, dev, 0, 1))
         s.master.model.gradient_checkpointing = False
+        model.unload()  # the master without LoRA again, for the sections after this one
+        s.master.eval()
 
     def other_backends_section() -> None:  # last: the Triton GEMM autotunes on its first call
         measure_fp8([b for b in ("scaled_mm", "triton", "cublas") if b != default])

@@ -126,3 +126,24 @@ def test_forward_rows_are_the_rows_the_sampler_calls_the_model_with(cache):
     ids = torch.randint(5, cfg.vocab_size, (B, P), generator=torch.Generator().manual_seed(0))
     diffusion_sample(model, ids, torch.ones(B, P, dtype=torch.bool), config, cfg.mask_token_id, (cfg.eos_token_id,))
     assert seen == set(forward_rows(B, P, config))
+
+
+def test_a_prepared_layer_traces_in_one_graph(fake_cublas):
+    """torch.compile(fullgraph=True) through the cublas gemm: the recorded decision is read at trace time, with no
+    probe, no try/except and no graph break, for an accepted and for a rejected M (the Triton GEMM)."""
+    layer = _layer()
+    layer.backend = "cublas"
+    backends.prepare_gemm_shapes(layer, [8, 6])
+    fake_cublas["scaled_mm"].clear()
+    torch._dynamo.reset()
+    for m, path in ((8, "scaled_mm"), (6, "triton")):
+        x = torch.randn(m, layer.in_features, generator=torch.Generator().manual_seed(m))
+        xq, xs = quant.quantize_act(x)
+        compiled = torch.compile(lambda a, b: backends.BACKENDS["cublas"].gemm(a, b, layer), backend="eager",
+                                 fullgraph=True)  # fmt: skip
+        y = compiled(xq, xs)
+        ref = quant.fp8_gemm_reference(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=torch.float32)
+        torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+        assert m in fake_cublas[path]
+    assert fake_cublas["scaled_mm"].count(6) == 0  # the rejected M was never offered to cuBLAS again
+    torch._dynamo.reset()
