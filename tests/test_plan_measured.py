@@ -3,13 +3,12 @@ tensor storage counted (dllm_ais/plan/live_bytes.py) and every model forward rec
 the meta device.
 
 Bounds (docs/plan.md, "Validated"): the parts alive through the step within 1 %; the peak of the whole step, of the
-update and of the master's no-grad passes within 5 %; forward rows per phase exactly; the bytes one 8B-wide block
-saves for backward within 1 %.
+update, and (bf16 rollouts) of the rollout and likelihood phases within 5 %; forward rows per phase exactly; the bytes
+one 8B-wide block saves for backward within 1 %; the fused FP8 copy's forward working set within 2 %.
 """
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections import Counter
 from dataclasses import replace
@@ -20,7 +19,7 @@ import torch
 from dllm_ais.config import get_preset
 from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, lora_target_regex
 from dllm_ais.plan.live_bytes import LiveBytes
-from dllm_ais.plan.memory import layer_saved_bytes, pass_bytes
+from dllm_ais.plan.memory import layer_saved_bytes
 from dllm_ais.plan.predict import make_plan
 from dllm_ais.plan.shape import model_shape
 from dllm_ais.plan.workload import step_passes
@@ -130,7 +129,7 @@ def test_the_parts_alive_through_the_step_are_predicted_within_1_percent(tiny_st
     assert measured["alive"] == pytest.approx(predicted, rel=0.01)
 
 
-def test_step_update_and_master_pass_peaks_are_predicted_within_5_percent(tiny_step):
+def test_the_step_and_update_peaks_are_predicted_within_5_percent(tiny_step):
     _, plan, measured = tiny_step
     m = plan.memory
     # the update: one micro-batch's activations and the gradients, above what lives through the step
@@ -138,11 +137,6 @@ def test_step_update_and_master_pass_peaks_are_predicted_within_5_percent(tiny_s
     # the whole step: the update sets the peak of the tiny model
     assert m.peak_phase == "train"
     assert measured["step_peak"] == pytest.approx(m.peak, rel=0.05)
-    # the no-grad passes on the master (π_old, reference: [128, 33]) are the likelihood phase's largest master pass
-    master_pass = max(pass_bytes(plan.shape, p, 4, fused=False) for p in step_passes(plan.workload)
-                      if p.phase == "likelihood" and p.model == "master")
-    assert math.isfinite(master_pass) and master_pass > 0
-    assert measured["peaks"]["likelihood"] >= 0.95 * master_pass
 
 
 @pytest.mark.parametrize("lora_r", [0, 128])
@@ -201,11 +195,14 @@ def test_the_fused_fp8_copy_on_triton_producers_uses_the_predicted_working_set()
     assert per_token == pytest.approx(fused_working_set(model_shape(get_preset("tiny-cpu").model), 2), rel=0.02)
 
 
-def test_the_bf16_rollout_variant_predicts_the_rollout_phase():
-    """With bf16 rollouts the master samples: its no-grad working set and the sampler's tail are the rollout phase."""
+def test_with_bf16_rollouts_the_rollout_and_likelihood_phases_are_predicted_within_5_percent():
+    """With bf16 rollouts the master samples and scores (on CPU the FP8 copy runs its producers' torch twins, whose
+    working set the plan does not model: docs/plan.md): the rollout phase is the master's no-grad working set (or the
+    sampler's tail), the likelihood phase its largest no-grad pass."""
     preset = get_preset("tiny-cpu")
-    preset = replace(preset, train=replace(preset.train, rollout_precision="bf16", prompts_per_step=4))
+    preset = replace(preset, train=replace(preset.train, rollout_precision="bf16"))
     plan = make_plan(preset, "h100", device="cpu")
-    measured = _run_steps(preset)
+    measured = _run_steps(preset, steps=1)
     assert plan.memory.rollout_copy == 0
     assert measured["peaks"]["rollout"] == pytest.approx(plan.memory.rollout_activations, rel=0.05)
+    assert measured["peaks"]["likelihood"] == pytest.approx(plan.memory.likelihood_activations, rel=0.05)
