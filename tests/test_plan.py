@@ -158,3 +158,16 @@ def test_predict_quick_matches_the_h200_rows_peak_memory():
     assert q["peak_gib_bf16_master"] == pytest.approx(bf16["peak_mem_gib"], rel=0.02)
     assert q["peak_gib_fp8_copy"] == pytest.approx(fp8["peak_mem_gib"], rel=0.02)
     assert q["forward_ms_bf16"] == pytest.approx(bf16["step_ms"], rel=1e-6)  # its own rows set the rate
+
+
+def test_fsdp_shards_master_gradients_and_optimizer_but_not_the_copy_or_the_activations():
+    preset = get_preset("llada-8b-instruct")
+    fp32 = replace(preset, model=replace(preset.model, dtype="float32"))
+    one, eight = make_plan(fp32, "h100"), make_plan(preset, "h100", 8)
+    P = one.shape.params_total
+    assert eight.workload.fsdp and not one.workload.fsdp
+    assert eight.memory.master == one.memory.master / 8 == P * 4 / 8
+    assert eight.memory.optimizer == one.memory.optimizer / 8 and eight.memory.gradients == one.memory.gradients / 8
+    assert eight.memory.rollout_copy == one.memory.rollout_copy  # whole on every GPU, made from the fp32 master
+    assert eight.workload.rows == one.workload.rows  # every process rolls out its own prompts
+    assert any("--dtype float32" in n for n in eight.notes)

@@ -1,8 +1,9 @@
 """A plan: memory and time of one RL step of a preset on a GPU kind, whether it fits, and what fixes it.
 
 `make_plan` puts the pieces together (shape.py from meta-device models, workload.py, memory.py, flops.py, rates.py);
-`fixes` re-plans with one change at a time (micro-batches, gradient checkpointing, LoRA, FP8 rollouts, FSDP over more
-GPUs) and keeps those that fit; `speedups` re-plans with Fast-dLLM's dual cache. report.py renders a plan.
+`fixes` re-plans with changes (more micro-batches, gradient checkpointing, LoRA, FP8 instead of FP4 rollouts, FSDP
+over more GPUs; alone, else combined) and keeps those that fit; `speedups` re-plans with BF16 rollouts on a GPU without
+FP8 and with Fast-dLLM's dual cache. report.py renders a plan.
 """
 
 from __future__ import annotations
@@ -64,14 +65,15 @@ class Plan:
         return sum(self.seconds.values())
 
 
-def _rate(costs_model: str, w: Workload, r: Rates) -> float:
-    return r.rollout[w.rollout_precision] if costs_model == "rollout" else r.master
+def pass_rate(model: str, w: Workload, r: Rates) -> float:
+    """FLOP/s of a pass on `model`: the rollout copy's precision for the rollout policy, else the BF16 master's."""
+    return r.rollout[w.rollout_precision] if model == "rollout" else r.master
 
 
 def _seconds(shape: ModelShape, w: Workload, costs: list[PassCost], r: Rates) -> dict:
     out = {"rollout": 0.0, "likelihood": 0.0, "train": 0.0}
     for c in costs:
-        out[c.passes.phase] += c.flops / _rate(c.passes.model, w, r)
+        out[c.passes.phase] += c.flops / pass_rate(c.passes.model, w, r)
     trained = shape.lora_params(w.lora_r) if w.lora_r else shape.params_total
     shard = w.gpus if w.fsdp else 1
     per_param = 28 + (12 if (not w.lora_r and w.param_bytes < 4 and not w.fsdp) else 0)  # AdamW (+ fp32 copies)
@@ -102,6 +104,10 @@ def _notes(shape: ModelShape, w: Workload, costs: list[PassCost], r: Rates) -> l
     if shape.params_total < 1e8:
         notes.append("a model this small is bound by kernel launches and Python, not FLOPs: its seconds mean "
                       "nothing (its memory does).")
+    if w.fsdp and not w.lora_r:
+        notes.append("FSDP2 full fine-tuning: fp32 sharded master, bf16 compute (pass --dtype float32 and "
+                     "mixed_precision bf16: 16-bit shards are refused); while the FP8 copy is made, before sharding, "
+                     "every GPU holds the whole fp32 master for a moment.")
     if w.gpus > 1:
         notes.append("communication between GPUs (gradient all-reduce, FSDP gathers) is not modelled.")
     if w.gradient_checkpointing:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from .memory import GiB
-from .predict import FIX_NOTES, Plan, fixes, speedups
+from .predict import FIX_NOTES, Plan, fixes, pass_rate, speedups
 from .rates import GPUS
 
 
@@ -76,7 +76,7 @@ def _work_lines(plan: Plan) -> list[str]:
     digits = 1 if sum(c.flops for c in plan.costs) > 1e13 else 4
     for c in plan.costs:
         p = c.passes
-        rate = r.rollout[w.rollout_precision] if p.model == "rollout" else r.master
+        rate = pass_rate(p.model, w, r)
         out.append(f"  {p.phase:<11}{p.what[:33]:<34}{f'{p.calls} × {p.rows}':>13}{p.tokens:>8}"
                    f"{c.flops / 1e12:>9.{digits}f}{c.flops / rate:>9.2f}")
     blank = f"{'':>13}{'':>8}{'':>9}"
