@@ -59,8 +59,8 @@ GEMM_SHAPES = {"full": [(10240, 24576, 4096), (10240, 4096, 12288)], "tiny": [(6
 CUBLAS_PROBE_M = [1, 2, 3, 4, 8, 16, 24, 31, 32, 33, 64, 96, 100, 1024, 10240]
 TEST_FILES = {
     "full": ["tests/test_fp8_cublas_decisions.py", "tests/test_fp8_cublas_auto.py", "tests/test_fp8_producers.py",
-             "tests/test_fp8_row_producers.py", "tests/test_fp8_quant.py", "tests/test_sampler_compile.py",
-             "tests/test_fp8_gemm.py"],
+             "tests/test_fp8_row_producers.py", "tests/test_fp8_quant.py", "tests/test_fp8_gemm.py",
+             "tests/test_sampler_compile.py"],
     "tiny": ["tests/test_fp8_cublas_decisions.py"],
 }  # fmt: skip
 QUICK_KEYS = (
@@ -79,17 +79,17 @@ TARGETS = {  # issue 28's targets, rebased on the static figures: (comparison, b
     "sync_vs_floor": ("<=", 2.0),
     "gpu_tests_failed": ("<=", 0),
 }
-PREDICTED = {  # summary key -> key of dllm_ais.plan.predict_quick(gpu) (same shapes: see its docstring)
+PREDICTED = {  # summary key -> key of dllm_ais.plan.predict_quick(gpu) measuring the same thing (its docstring;
+    # its peak_gib_bf16_master / _fp8_copy are whole sampler steps, float64 sampling tail included, not one forward)
     "forward_ms_bf16_eager": "forward_ms_bf16",
     "forward_ms_fp8_eager": "forward_ms_fp8",
-    "peak_gib_bf16_forward": "peak_gib_bf16_master",
-    "peak_gib_fp8_forward": "peak_gib_fp8_copy",
     "peak_gib_rl_microbatch": "peak_gib_rl_microbatch",
     "sync_floor_ms": "sync_ms_floor_linears",
 }
 
 
 PREDICTED_NAMES = {v: k for k, v in PREDICTED.items()}
+NOT_IN_TABLE = {"predicted", "parts", "device", "torch", "triton", "git_sha"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -490,10 +490,13 @@ def part_compiled(args, rows: Rows, deadline: float) -> None:
 def part_tests(args, rows: Rows, deadline: float) -> None:
     files = TEST_FILES["tiny" if args.tiny else "full"]
     log = args.out_dir / "tests-pytest.log"
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=", *files]
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "pytest_report_now", "-o", "addopts=",
+           *files]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "scripts"),
+                                                                      os.environ.get("PYTHONPATH")]))}  # fmt: skip
     with log.open("w") as f:
         try:
-            proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+            proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env,
                                   timeout=max(1.0, deadline - time.time()))  # fmt: skip
             status = "ok" if proc.returncode in (0, 1) else f"pytest exit status {proc.returncode}"
         except subprocess.TimeoutExpired:
@@ -624,7 +627,7 @@ def report(summary: dict, out: Path) -> str:
              "| key | measured | plan's prediction | target |", "|---|---|---|---|"]  # fmt: skip
     predicted = summary["predicted"] or {}
     missed = []
-    for key in QUICK_KEYS[:-5]:
+    for key in (k for k in QUICK_KEYS if k not in NOT_IN_TABLE):
         value, target = summary[key], TARGETS.get(key)
         verdict = ""
         if target is not None:
@@ -638,7 +641,7 @@ def report(summary: dict, out: Path) -> str:
         pred = predicted.get(PREDICTED.get(key, ""), None) if isinstance(predicted, dict) else None
         lines.append(f"| {key} | {_shown(value)} | {_shown(pred) if key in PREDICTED else ''} | {verdict} |")
     if isinstance(predicted, dict) and isinstance(predicted.get("sources"), dict):
-        lines += ["", f"Predictions: dllm_ais.plan.predict_quick({predicted.get('gpu')!r}), made before measuring:"]
+        lines += ["", f"Predictions: dllm_ais.plan.predict_quick({predicted.get('gpu')!r}), from its model and the rows committed before this run:"]
         lines += [f"- {PREDICTED_NAMES.get(k, k)}: {note}" for k, note in predicted["sources"].items()]
     elif isinstance(predicted, dict) and predicted.get("error"):
         lines += ["", f"Predictions failed: {predicted['error']}"]
@@ -669,11 +672,12 @@ def environment(device: str) -> dict:
 
     from dllm_ais.analysis import bench_env
 
+    sha, dirty = bench_env.git_commit(REPO)
     return {
         "device": bench_env.device_name(torch.device(device)),
         "torch": bench_env.version("torch"),
         "triton": bench_env.version("triton"),
-        "git_sha": bench_env.git_commit(REPO)[0],
+        "git_sha": sha + ("+uncommitted" if dirty else ""),  # (a copied tree whose .git is older reads as changed)
     }
 
 

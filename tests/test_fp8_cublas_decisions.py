@@ -147,3 +147,28 @@ def test_a_prepared_layer_traces_in_one_graph(fake_cublas):
         assert m in fake_cublas[path]
     assert fake_cublas["scaled_mm"].count(6) == 0  # the rejected M was never offered to cuBLAS again
     torch._dynamo.reset()
+
+
+def test_the_compiler_sees_one_opaque_cublas_op(fake_cublas):
+    """Inside torch.compile the cuBLAS GEMM is the custom op dllm_ais::cublas_blockwise_gemm, never an aten
+    _scaled_mm that inductor would lower and autotune (which failed for blockwise scales on torch 2.11)."""
+    layer = _layer()
+    layer.backend = "cublas"
+    backends.prepare_gemm_shapes(layer, [8])
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = torch.randn(8, layer.in_features, generator=torch.Generator().manual_seed(8))
+    xq, xs = quant.quantize_act(x)
+    y = torch.compile(lambda a, b: backends.BACKENDS["cublas"].gemm(a, b, layer), backend=capture, fullgraph=True)(
+        xq, xs)  # fmt: skip
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("cublas_blockwise_gemm" in t for t in targets), targets
+    assert not any("_scaled_mm" in t for t in targets), targets
+    ref = quant.fp8_gemm_reference(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=torch.float32)
+    torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+    torch._dynamo.reset()

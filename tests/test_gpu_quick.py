@@ -118,3 +118,22 @@ def test_count_tests_reads_complete_and_cut_logs():
            "tests/test_b.py::test_z SKIPPED (needs CUDA) [ 30%]\ntests/test_b.py::test_w ERROR [ 40%]\n"
            "tests/test_b.py::test_v ")  # cut mid-line by the timeout
     assert quick.count_tests(log) == {"passed": 1, "failed": 2, "skipped": 1}
+
+
+def test_failures_are_written_when_they_happen(tmp_path):
+    """The tests part's plugin writes a failure's traceback at once: a run killed at its limit still says why."""
+    (tmp_path / "test_dies.py").write_text(
+        "import time\n\ndef test_fails():\n    assert 1 == 2, 'the reason'\n\ndef test_hangs():\n    time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "pytest_report_now",
+                             str(tmp_path / "test_dies.py")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    out = ""
+    for line in proc.stdout:  # until the failure's reason is out; the run is then killed inside test_hangs
+        out += line
+        if "the reason" in line or "test_hangs PASSED" in line:
+            break
+    proc.kill()
+    out += proc.communicate()[0]
+    assert "--- " in out and "test_fails failed (call)" in out and "the reason" in out, out[-2000:]
+    assert "short test summary" not in out  # killed in test_hangs, before pytest's own report

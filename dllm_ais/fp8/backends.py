@@ -205,6 +205,20 @@ def prepare_gemm_shapes(model: torch.nn.Module, rows: Iterable[int]) -> dict[str
     return rejected
 
 
+@torch.library.custom_op("dllm_ais::cublas_blockwise_gemm", mutates_args=())
+def cublas_blockwise_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """cuBLAS's blockwise FP8 GEMM: xq [M, K] e4m3, xs [M, K/128] fp32 (any layout), wq [N, K] e4m3, ws [N/128, K/128]
+    -> [M, N] bf16, through torch._scaled_mm with 1×128 / 128×128 scales. A custom op, so torch.compile calls it as
+    one opaque kernel: inductor never lowers or autotunes _scaled_mm with blockwise scales (torch 2.11's autotuner
+    failed building that call's meta on an H200 — benchmarks/gpu/nvidia-h200-20261126-quick)."""
+    return torch._scaled_mm(xq, wq.t(), scale_a=outer_dim_major(xs), scale_b=ws.t(), out_dtype=torch.bfloat16)
+
+
+@cublas_blockwise_gemm.register_fake
+def _(xq, xs, wq, ws):
+    return xq.new_empty((xq.shape[0], wq.shape[0]), dtype=torch.bfloat16)
+
+
 def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
     """xq [M, K] e4m3, xs [M, G] fp32 (either layout; producers emit stride (1, M), passed as is) -> y [M, N] bf16 via
     torch._scaled_mm's blockwise mode.
@@ -220,10 +234,7 @@ def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.
             layer.cublas_rows = frozenset(getattr(layer, "cublas_rows", frozenset()) | {m})
             use = True
         if use:
-            return torch._scaled_mm(
-                xq, layer.weight_q.t(), scale_a=outer_dim_major(xs), scale_b=layer.weight_scale.t(),
-                out_dtype=torch.bfloat16,
-            )  # fmt: skip
+            return cublas_blockwise_gemm(xq, xs, layer.weight_q, layer.weight_scale)
     from . import kernels
 
     return kernels.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale)
