@@ -1,4 +1,4 @@
-"""`dllm-ais` command line: train (the main job), sample, eval, plot, variance.
+"""`dllm-ais` command line: train (the main job), sample, eval, plot, plan, variance.
 
 Each subcommand is a thin function over the package; heavy imports happen inside it, so `dllm-ais --help` is fast.
 """
@@ -550,6 +550,16 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=HelpFormatter)
     add_plot_arguments(p)
     p.set_defaults(func=cmd_plot)
+    from dllm_ais.plan.command import add_plan_arguments, cmd_plan
+
+    p = sub.add_parser("plan", help="peak memory per GPU and seconds per step of a preset, before a run",
+                       formatter_class=HelpFormatter, description="Predict a preset's peak memory per GPU by part and "
+                       "its seconds per RL step by phase on an H100, H200 or A100, from meta-device models (no "
+                       "weights) and benchmarks/gpu/ rows; when it does not fit, by how much and what fixes it "
+                       "(docs/plan.md).")
+    _add_fast_rollout_args(add_plan_arguments(p))
+    p.set_defaults(func=cmd_plan, _parser=p)
+    _show_preset_defaults(p, "train")
     # listed for --help only: main() hands `variance ...` to dllm_ais/analysis/variance_cli.py's own parser
     sub.add_parser("variance", help="std of the FP8/BF16 log-ratio vs forward passes per ELBO estimator "
                    "(dllm-ais variance --help)")

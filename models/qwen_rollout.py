@@ -325,13 +325,21 @@ def supports(master: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def rollout_copy(master: nn.Module, fp8_backend: str | None = None) -> QwenRollout:
+def rollout_copy(master: nn.Module, fp8_backend: str | None = None, expected_m: int | None = None) -> QwenRollout:
     """A QwenRollout of `master` (a transformers Qwen3ForCausalLM, plain or peft LoRA-wrapped), on its device and in
-    its dtype, with fused FP8Linear projections when `fp8_backend` is given (else nn.Linear); weights synced."""
+    its dtype, with fused FP8Linear projections when `fp8_backend` is given (else nn.Linear); weights synced.
+    As for the LLaDA copy, `auto` is resolved here, eagerly, per projection shape for `expected_m` activation rows
+    (never lazily on a first call), and cuBLAS's acceptance of that row count is decided and recorded."""
     shape = QwenShape.from_config(master.config)
     ref = next(t for n, t in master.named_parameters() if n.endswith("embed_tokens.weight"))
     rollout = QwenRollout(shape, ref.dtype, ref.device, fp8_backend=fp8_backend, config=master.config)
     sync_qwen_rollout(master, rollout)
+    if fp8_backend is not None:
+        from dllm_ais.fp8.backends import prepare_gemm_shapes
+        from dllm_ais.fp8.linear import DEFAULT_EXPECTED_M, resolve_auto
+
+        resolve_auto(rollout, expected_m, kind="forward")
+        prepare_gemm_shapes(rollout, [expected_m or DEFAULT_EXPECTED_M])
     return rollout
 
 

@@ -114,6 +114,19 @@ def pad_prompts_to_bucket(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, p
     return ids, torch.cat([prompt_mask.new_zeros(B, extra), prompt_mask], dim=1)
 
 
+def forward_rows(batch: int, prompt_len: int, config: SamplerConfig) -> list[int]:
+    """Activation rows M (= batch × tokens) of every model call diffusion_sample makes for [batch, prompt_len]
+    prompts: the whole canvas; with the prefix cache each block's window (block to the end); with the dual cache the
+    block window. The GEMM shapes a rollout copy must be ready for (fp8.backends.prepare_gemm_shapes)."""
+    canvas = prompt_len + config.gen_length
+    rows = {batch * canvas}
+    if config.cache == "prefix":
+        rows |= {batch * (config.gen_length - b * config.block_length) for b in range(config.num_blocks)}
+    elif config.cache == "dual":
+        rows.add(batch * config.block_length)
+    return sorted(rows)
+
+
 def _compile_on_cpu() -> bool:
     """Test hook: DLLM_AIS_COMPILE_CPU=1 compiles the sampler's step on CPU too (inductor, mode="default")."""
     return os.environ.get("DLLM_AIS_COMPILE_CPU") == "1"
@@ -236,6 +249,10 @@ def diffusion_sample(
     attn = torch.cat([prompt_mask, torch.ones(B, L, dtype=torch.bool, device=device)], dim=1)  # [B, P + L]
     commit_step = torch.full((B, L), -1, dtype=torch.long, device=device)
     logp = torch.zeros(B, L, dtype=torch.float32, device=device)
+    if compiled and isinstance(model, torch.nn.Module):  # backend decisions per GEMM shape, made before compiling
+        from dllm_ais.fp8.backends import prepare_gemm_shapes
+
+        prepare_gemm_shapes(model, forward_rows(B, P, config))
     low_conf = config.remasking == "low_confidence"
     confidence_record = torch.full((B, L), torch.nan, dtype=torch.float32, device=device) if low_conf else None
     select = torch.zeros(B, L, dtype=torch.float64, device=device) if record_selection else None

@@ -91,8 +91,10 @@ def test_auto_is_resolved_when_the_copy_is_built(fused):
     choices = backend_choices(rollout)
     assert set(choices) == {f"{m.out_features}x{m.in_features}" for m in layers}
     kind = "gemm" if fused else "forward"
-    for m in layers:  # the cached choice at M bucket 256 is what each layer runs
-        assert fp8_linear.auto_choices()[(kind, str(DEVICE), m.out_features, m.in_features, 256)] == m.backend
+    for m in layers:  # the cached choice at M bucket 256 is what each layer runs (keyed by the tensors' device:
+        # "cuda:0", not the "cuda" the test asked for)
+        assert fp8_linear.auto_choices()[(kind, str(m.weight_q.device), m.out_features, m.in_features, 256)] == \
+            m.backend
     if DEVICE.type == "cpu":
         assert set(choices.values()) == {"torch"}
     fp8_linear.clear_auto_choices()
@@ -191,8 +193,9 @@ def test_auto_on_gpu_picks_a_candidate_once_per_bucket():
     with torch.no_grad():
         y = layer(x)
     choices = fp8_linear.auto_choices()
-    assert list(choices) == [("forward", str(DEVICE), 512, 1024, 128)]
-    assert choices[("forward", str(DEVICE), 512, 1024, 128)] in fp8_linear.AUTO_CANDIDATES
+    key = ("forward", str(x.device), 512, 1024, 128)  # "cuda:0": the tensors' device, not torch.device("cuda")
+    assert list(choices) == [key]
+    assert choices[key] in fp8_linear.AUTO_CANDIDATES
     xq, xs = quant.quantize_act(x)
     ref = quant.fp8_gemm_reference(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=torch.float32)
     rel = ((y.float() - ref).norm() / ref.norm()).item()

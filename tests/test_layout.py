@@ -138,6 +138,7 @@ def _layer(name: str) -> str:
     ("models", {"base", "models", "fp8"}),
     ("tasks", {"base", "tasks"}),
     ("train", {"base", "train", "rl", "likelihood", "samplers", "fp8", "fp4", "models", "tasks"}),
+    ("plan", {"base", "plan", "train", "rl", "likelihood", "samplers", "fp8", "fp4", "models", "tasks"}),
 ])
 def test_layers_import_downward_only(layer, may_import):
     bad = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() if _layer(m) == layer for d in deps

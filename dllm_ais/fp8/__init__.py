@@ -14,6 +14,7 @@ from .backends import (
     available_backends,
     check_backend,
     default_backend,
+    prepare_gemm_shapes,
     unavailable_reason,
 )
 from .linear import FP8LayerError, FP8Linear, backend_choices
@@ -40,6 +41,7 @@ __all__ = [
     "dequantize_act",
     "dequantize_weight",
     "fp8_gemm_reference",
+    "prepare_gemm_shapes",
     "quantize_act",
     "quantize_model",
     "quantize_rowwise",

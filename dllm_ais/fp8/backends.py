@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -132,33 +132,109 @@ def _cublas_fits(layer: FP8Linear) -> bool:
     return layer.in_features % quant.BLOCK == 0 and layer.out_features % quant.BLOCK == 0
 
 
-_CUBLAS_REJECTED: set[tuple[str, int, int, int]] = set()  # (device, M, N, K) that torch._scaled_mm refused
+_CUBLAS_DECIDED: dict[tuple[str, int, int, int], bool] = {}  # (device, M, N, K) -> cuBLAS blockwise accepts it
+
+
+def _tracing() -> bool:
+    """Inside torch.compile tracing or CUDA-graph capture: no probe may run, no decision may change."""
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def cublas_accepts(m: int, n: int, k: int, device: torch.device | str) -> bool:
+    """Whether cuBLAS's blockwise mode runs x [M, K] @ W[N, K]^T on `device` (N, K whole 128-blocks). Decided once per
+    (device, M, N, K) by an eager probe call on zero operands of exactly that shape, then recorded
+    (cublas_decisions()). The blockwise mode's constraints on M are not documented, so the device is asked.
+    Raises FP8BackendError when asked for an undecided shape inside torch.compile / CUDA-graph capture."""
+    device = torch.device(device)
+    key = (str(device), m, n, k)
+    if key in _CUBLAS_DECIDED:
+        return _CUBLAS_DECIDED[key]
+    if _tracing():
+        raise FP8BackendError(
+            f"cublas backend: shape M, N, K = {(m, n, k)} was not decided before compiling; call "
+            "prepare_gemm_shapes(model, rows) eagerly first (diffusion_sample does this for its own shapes)."
+        )
+    if _unavailable("cublas", device) is not None:
+        _CUBLAS_DECIDED[key] = False
+        return False
+    try:  # a probe: any failure means "not at this shape"
+        xq = torch.zeros(m, k, dtype=FP8_DTYPE, device=device)
+        wq = torch.zeros(n, k, dtype=FP8_DTYPE, device=device)
+        xs = outer_dim_major(torch.ones(m, k // quant.BLOCK, dtype=torch.float32, device=device))
+        ws = torch.ones(n // quant.BLOCK, k // quant.BLOCK, dtype=torch.float32, device=device)
+        torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        accepted = True
+    except RuntimeError as e:
+        warnings.warn(f"cublas backend: torch._scaled_mm rejects M, N, K = {(m, n, k)} on {device} "
+                      f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); that shape runs the Triton GEMM "
+                      "(cublas_decisions() lists every decision)", stacklevel=2)  # fmt: skip
+        accepted = False
+    _CUBLAS_DECIDED[key] = accepted
+    return accepted
+
+
+def cublas_decisions() -> dict[tuple[str, int, int, int], bool]:
+    """Every recorded (device, M, N, K) -> whether cuBLAS's blockwise mode runs it (a copy)."""
+    return dict(_CUBLAS_DECIDED)
 
 
 def cublas_fallbacks() -> set[tuple[str, int, int, int]]:
-    """(device, M, N, K) shapes at which cuBLAS's blockwise mode raised and the Triton GEMM ran instead (a copy)."""
-    return set(_CUBLAS_REJECTED)
+    """(device, M, N, K) shapes that cuBLAS's blockwise mode rejected, which run the Triton GEMM instead."""
+    return {key for key, ok in _CUBLAS_DECIDED.items() if not ok}
+
+
+def prepare_gemm_shapes(model: torch.nn.Module, rows: Iterable[int]) -> dict[str, list[int]]:
+    """Decide now, eagerly, for every cublas FP8Linear of `model` and each activation row count M in `rows`, whether
+    cuBLAS's blockwise mode takes the shape (cublas_accepts), and record the accepted M on the layer
+    (`layer.cublas_rows`), so a compiled step only reads that record and never probes or catches anything.
+    Returns "NxK" -> the rejected M of that layer shape (empty lists when every M is accepted)."""
+    rows = sorted({int(m) for m in rows if int(m) > 0})
+    rejected: dict[str, list[int]] = {}
+    for layer in model.modules():
+        if getattr(layer, "backend", None) != "cublas" or not hasattr(layer, "weight_q"):
+            continue
+        n, k = layer.out_features, layer.in_features
+        bad = rejected.setdefault(f"{n}x{k}", [])
+        if not _cublas_fits(layer):
+            continue
+        ok = {m for m in rows if cublas_accepts(m, n, k, layer.weight_q.device)}
+        bad.extend(m for m in rows if m not in ok and m not in bad)
+        layer.cublas_rows = frozenset(getattr(layer, "cublas_rows", frozenset()) | ok)
+    return rejected
+
+
+@torch.library.custom_op("dllm_ais::cublas_blockwise_gemm", mutates_args=())
+def cublas_blockwise_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """cuBLAS's blockwise FP8 GEMM: xq [M, K] e4m3, xs [M, K/128] fp32 (any layout), wq [N, K] e4m3, ws [N/128, K/128]
+    -> [M, N] bf16, through torch._scaled_mm with 1×128 / 128×128 scales. A custom op, so torch.compile calls it as
+    one opaque kernel: inductor never lowers or autotunes _scaled_mm with blockwise scales (torch 2.11's autotuner
+    failed building that call's meta on an H200 — benchmarks/gpu/nvidia-h200-20261126-quick)."""
+    return torch._scaled_mm(xq, wq.t(), scale_a=outer_dim_major(xs), scale_b=ws.t(), out_dtype=torch.bfloat16)
+
+
+@cublas_blockwise_gemm.register_fake
+def _(xq, xs, wq, ws):
+    return xq.new_empty((xq.shape[0], wq.shape[0]), dtype=torch.bfloat16)
 
 
 def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
     """xq [M, K] e4m3, xs [M, G] fp32 (either layout; producers emit stride (1, M), passed as is) -> y [M, N] bf16 via
     torch._scaled_mm's blockwise mode.
 
-    Layers that are not whole 128-blocks, and shapes cuBLAS rejects (the blockwise mode's constraints on M are not
-    documented; verified at LLaDA-8B shapes), run the Triton GEMM; rejected shapes are remembered (cublas_fallbacks())
-    and a warning names the first one."""
-    key = (str(xq.device), xq.shape[0], layer.out_features, layer.in_features)
-    if _cublas_fits(layer) and key not in _CUBLAS_REJECTED:
-        try:
-            return torch._scaled_mm(
-                xq, layer.weight_q.t(), scale_a=outer_dim_major(xs), scale_b=layer.weight_scale.t(),
-                out_dtype=torch.bfloat16,
-            )  # fmt: skip
-        except RuntimeError as e:
-            if not _CUBLAS_REJECTED:
-                warnings.warn(f"cublas backend: torch._scaled_mm rejected M, N, K = {key[1:]} ({e}); running the "
-                              "Triton GEMM for such shapes (see cublas_fallbacks())", stacklevel=2)  # fmt: skip
-            _CUBLAS_REJECTED.add(key)
+    Whether cuBLAS takes (M, N, K) is decided eagerly and recorded, never by catching an error inside a compiled step:
+    M in `layer.cublas_rows` (prepare_gemm_shapes, before compiling) runs cuBLAS; eagerly, an undecided M is probed
+    once (cublas_accepts) and recorded on the layer. Layers that are not whole 128-blocks, rejected shapes, and (inside
+    torch.compile) shapes nobody prepared run the Triton GEMM, which takes every shape."""
+    m = xq.shape[0]
+    if _cublas_fits(layer):
+        use = m in getattr(layer, "cublas_rows", ())
+        if not use and not _tracing() and cublas_accepts(m, layer.out_features, layer.in_features, xq.device):
+            layer.cublas_rows = frozenset(getattr(layer, "cublas_rows", frozenset()) | {m})
+            use = True
+        if use:
+            return cublas_blockwise_gemm(xq, xs, layer.weight_q, layer.weight_scale)
     from . import kernels
 
     return kernels.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale)

@@ -43,7 +43,7 @@ from dllm_ais.models.kv_cache import KVCache, attend, window_index, window_rope_
 from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, LLaDAOutput, RMSNorm
 
 from . import backends, producers
-from .backends import BACKENDS, check_backend
+from .backends import BACKENDS, check_backend, prepare_gemm_shapes
 from .linear import QUANTIZE_INTO, FP8Linear, resolve_auto
 from .quant import BLOCK
 from .walker import canonical_name, effective_weight, linear_layers, named_tensors
@@ -298,5 +298,7 @@ def build_fused_llada(model: nn.Module, backend: str | None, expected_m: int | N
     sync_fused_llada(model, rollout)
     if backend == "auto":
         resolve_auto(rollout, expected_m, kind="gemm")
+    if expected_m:  # cuBLAS's acceptance of the expected row count, decided now and recorded on each layer
+        prepare_gemm_shapes(rollout, [expected_m])
     rollout.requires_grad_(False)
     return rollout.eval()

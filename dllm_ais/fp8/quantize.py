@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .backends import check_backend
+from .backends import check_backend, prepare_gemm_shapes
 from .linear import FP8Linear, check_layer_shape, resolve_auto
 from .walker import quantized_copy
 
@@ -67,4 +67,6 @@ def quantize_model(
 
     rollout = quantized_copy(model, make, exclude, check)
     resolve_auto(rollout, expected_m, kind="forward")
+    if expected_m:  # cuBLAS's acceptance of the expected row count, decided now and recorded on each layer
+        prepare_gemm_shapes(rollout, [expected_m])
     return rollout

@@ -94,7 +94,7 @@ def _fp8_rollout(master, tc, expected_m: int | None = None):
     from dllm_ais.models import qwen_rollout
 
     if qwen_rollout.supports(master):  # Qwen3: fused static-cache rollout copy (models/qwen_rollout.py)
-        return qwen_rollout.rollout_copy(master, fp8_backend=tc.fp8_backend)
+        return qwen_rollout.rollout_copy(master, fp8_backend=tc.fp8_backend, expected_m=expected_m)
     # `auto` is timed here, once, for expected_m activation rows (rollout batch × canvas), never while compiling
     return quantize_model(master, backend=tc.fp8_backend, expected_m=expected_m)
 

@@ -1,0 +1,127 @@
+"""The model a plan is about, read from models built on the meta device (shapes and bytes, no weights, no download).
+
+`model_shape(ModelConfig)` builds the LLaDAModelLM of a preset on the meta device — the tiny built-in model, the
+config.json of a local checkpoint directory, or, for a hub id, the LLaDA-8B shape that `LLaDAConfig()`'s defaults
+ship (DESIGN.md §6) — and counts its parameters by part; `rollout_copy_bytes` builds the FP8 rollout copy
+(fp8/fused_llada.py's FusedLLaDA) on the meta device and adds up its parameter and buffer bytes. Everything else in
+the plan is arithmetic on the returned `ModelShape` (pure functions: memory.py, flops.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+LORA_TARGETS_PER_BLOCK = 7
+"""Block linears peft wraps (models/llada.py LORA_TARGETS: q, k, v, attn_out, ff_proj, up_proj, ff_out)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Sizes of one LLaDA model, counted on its meta-device build."""
+
+    name: str
+    """Where the shape came from: "tiny built-in", a checkpoint directory, or "LLaDA-8B (LLaDAConfig defaults)"."""
+    d_model: int
+    """Hidden width d."""
+    n_layers: int
+    """Transformer blocks."""
+    n_heads: int
+    """Attention heads H (no grouped-query attention: as many K/V heads)."""
+    mlp_hidden: int
+    """SwiGLU hidden width h (ff_proj / up_proj outputs)."""
+    vocab: int
+    """Embedding / LM-head rows V (config.embedding_size)."""
+    params_total: int
+    """Every parameter of the model."""
+    params_block_linear: int
+    """Parameters of the block linears (q, k, v, attn_out, ff_proj, up_proj, ff_out of every block): what an FP8 or FP4
+    rollout copy quantises and what LoRA wraps."""
+    params_embedding: int
+    """Input embedding (wte)."""
+    params_head: int
+    """LM head (ff_out at the top; untied)."""
+    params_norm: int
+    """RMSNorm weights (two per block and ln_f)."""
+    lora_in_out: int
+    """Σ (in_features + out_features) over the block linears: LoRA of rank r adds r times this many parameters."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def lora_params(self, rank: int) -> int:
+        """Parameters of LoRA rank `rank` on every block linear (A: r × in, B: out × r)."""
+        return rank * self.lora_in_out
+
+
+def llada_config(model_config):
+    """The LLaDAConfig of a preset's ModelConfig: tiny (path None), a local directory's config.json, or for any other
+    string (a hub id) the LLaDA-8B shape of LLaDAConfig()'s defaults — nothing is downloaded."""
+    from pathlib import Path
+
+    from dllm_ais.models.llada import LLaDAConfig
+
+    if model_config.family != "llada":
+        raise ValueError(f"dllm-ais plan models LLaDA (diffusion) presets; model family {model_config.family!r} is "
+                         "not modelled yet: pick a llada preset (e.g. --preset llada-8b-gsm8k).")
+    if model_config.path is None:
+        from dllm_ais.models.tiny import tiny_config
+
+        return tiny_config(), "tiny built-in LLaDA"
+    local = Path(model_config.path).expanduser()
+    if local.is_dir():
+        from dllm_ais.models.checkpoint import read_llada_config
+
+        return read_llada_config(local), f"{local} (config.json)"
+    return LLaDAConfig(), f"{model_config.path} = LLaDA-8B shape (LLaDAConfig defaults; not downloaded)"
+
+
+@lru_cache(maxsize=16)
+def model_shape(model_config) -> ModelShape:
+    """Count the parameters of the preset's LLaDA model built on the meta device."""
+    import torch
+
+    from dllm_ais.models.llada import LLaDAModelLM
+
+    config, name = llada_config(model_config)
+    with torch.device("meta"):
+        model = LLaDAModelLM(config)
+    t = model.model.transformer
+    block_linears = [m for blk in t.blocks for m in blk.modules() if isinstance(m, torch.nn.Linear)]
+    norms = [p for n, p in model.named_parameters() if n.endswith("norm.weight") or n.endswith("ln_f.weight")]
+    return ModelShape(
+        name=name, d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads,
+        mlp_hidden=config.mlp_hidden_size, vocab=config.embedding_size,
+        params_total=sum(p.numel() for p in model.parameters()),
+        params_block_linear=sum(m.weight.numel() for m in block_linears),
+        params_embedding=t.wte.weight.numel(), params_head=t.ff_out.weight.numel(),
+        params_norm=sum(p.numel() for p in norms),
+        lora_in_out=sum(m.in_features + m.out_features for m in block_linears),
+    )
+
+
+@lru_cache(maxsize=32)
+def rollout_copy_bytes(model_config, precision: str, fp8_backend: str = "cublas") -> int:
+    """Bytes of the quantised rollout copy the trainer builds (0 for bf16: the master itself rolls out).
+
+    fp8: the fused copy (FusedLLaDA: e4m3 codes + fp32 block scales of the fused linears, embeddings, norms and LM
+    head in the master's dtype), built on the meta device with `fp8_backend`'s scale layout (block for every backend
+    but scaled_mm's per-row scales; `auto` resolves to a block backend). fp4: the emulated copy (fp4/linear.py: each
+    block linear held dequantised in fp32, everything else copied in the master's dtype).
+    """
+    import torch
+
+    if precision == "bf16":
+        return 0
+    config, _ = llada_config(model_config)
+    dtype = getattr(torch, model_config.dtype)
+    if precision == "fp4":
+        shape = model_shape(model_config)
+        rest = shape.params_total - shape.params_block_linear
+        return 4 * shape.params_block_linear + rest * dtype.itemsize
+    from dllm_ais.fp8.fused_llada import FusedLLaDA
+
+    backend = "scaled_mm" if fp8_backend == "scaled_mm" else "torch"  # the two scale layouts (block, row)
+    copy = FusedLLaDA(config, backend, "meta", dtype, producers="torch")
+    return sum(t.untyped_storage().nbytes() for t in [*copy.parameters(), *copy.buffers()])

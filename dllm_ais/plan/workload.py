@@ -1,0 +1,257 @@
+"""What one RL step runs on one GPU process: the preset's numbers (`Workload`) and every model forward of the step
+(`Pass`), as train/trainer.py, train/backend.py, samplers/diffusion.py and likelihood/ run them.
+
+Per process (accelerate: every process rolls out its own prompts_per_step prompts), one step is
+  rollout      NFE sampler forwards of the B = prompts × G rows on the rollout policy μ (the FP8/FP4 copy or the
+               master); without a cache each is the whole canvas [B, P + L], logits of the current block only; with
+               Fast-dLLM's prefix / dual cache a block's first step is the full canvas and its later steps a window.
+  likelihood   π_old: num_iterations one-step forwards [B, P + L] on the master (on μ with --bypass); log μ on the
+               same masks: one on the rollout copy; ℓ: the coupled ELBO (K draws × B rows on each of master and copy,
+               64 rows per call) or the trajectory replay (B × replayed steps rows on the master); the reference
+               (β > 0): num_iterations one-step forwards (the adapter-free base with LoRA, a frozen copy otherwise).
+  train        num_iterations updates, each a forward + backward of the one-step estimator over the B rows, in
+               gradient_accumulation_steps micro-batches; one AdamW step per update.
+  sync         the rollout copy requantised from the master (none for bf16 rollouts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ELBO_ROWS_PER_CALL = 64
+"""likelihood/elbo.py DEFAULT_BATCH_SIZE: rows of one model call of the mismatch ELBO."""
+PROMPT_BUCKET = 64
+"""samplers/diffusion.py PROMPT_BUCKET: compiled sampling (CUDA) left-pads prompts to a multiple of this."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The numbers of one RL step on one process."""
+
+    rows: int
+    """B: rows per process and step (prompts_per_step × num_generations)."""
+    prompt_len: int
+    """P: prompt tokens (left-padded batch width) of the likelihood and training passes."""
+    rollout_prompt_len: int
+    """Prompt tokens of the rollout canvas (P rounded up to PROMPT_BUCKET when the sampler is compiled on CUDA)."""
+    gen_length: int
+    """L: completion tokens."""
+    block_length: int
+    """Lb: semi-autoregressive block; the sampler computes logits for the current block only."""
+    sampler_steps: int
+    """Denoising steps of the fixed schedule (with a threshold: an upper bound on NFE)."""
+    cache: str
+    """Fast-dLLM cache: none, prefix or dual."""
+    threshold: float | None
+    """Threshold decoding (NFE then depends on the model's confidence; the fixed schedule bounds it)."""
+    cfg: bool
+    """Classifier-free guidance: a second (unconditional) forward per step."""
+    temperature: float
+    """Sampling temperature (T > 0: Gumbel-max noise in float64; 0: argmax)."""
+    remasking: str
+    """low_confidence (a float64 softmax per step) or random."""
+    rollout_precision: str
+    """bf16 (the master rolls out), fp8 or fp4."""
+    param_bytes: int
+    """Bytes per master parameter as stored (2 bf16, 4 fp32: FSDP full fine-tuning keeps fp32 shards)."""
+    act_bytes: int
+    """Bytes per activation element of the master's forward (its compute dtype: bf16 under FSDP mixed precision)."""
+    lora_r: int
+    """LoRA rank (0 = full fine-tuning)."""
+    micro_batches: int
+    """gradient_accumulation_steps: micro-batches per update."""
+    num_iterations: int
+    """Updates per step (GRPO μ); π_old and the reference run once per update."""
+    beta: float
+    """KL coefficient (> 0: reference log-probs every update)."""
+    mismatch: str
+    """How ℓ is computed: none (μ = π_old: bf16 rollouts or --bypass), elbo (coupled ELBO, sequence level),
+    trajectory (replay), or onestep (token / geometric levels: the log π_old − log μ already computed)."""
+    mismatch_draws: int
+    """K of the coupled ELBO."""
+    trajectory_steps: int | None
+    """Replayed denoising steps per sequence (None = every step)."""
+    bypass: bool
+    """π_old := μ (no BF16 old-policy pass)."""
+    gpus: int
+    """Processes (one GPU each)."""
+    fsdp: bool
+    """FSDP2 shards master, gradients and optimizer over the gpus (full fine-tuning); else DDP or one process."""
+    gradient_checkpointing: bool
+    """Recompute each block in backward (models/llada.py supports it; `dllm-ais train` does not switch it on yet)."""
+    train_steps: int
+    """RL steps of the run (for the run's total time)."""
+
+    @property
+    def canvas(self) -> int:
+        return self.prompt_len + self.gen_length
+
+    @property
+    def rollout_canvas(self) -> int:
+        return self.rollout_prompt_len + self.gen_length
+
+    @property
+    def micro_rows(self) -> int:
+        """Rows of the largest micro-batch (torch.tensor_split: the first ones take the remainder)."""
+        return math.ceil(self.rows / self.micro_batches)
+
+    @property
+    def trainable(self) -> str:
+        return "lora" if self.lora_r else "full"
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Forward calls of one kind within a step."""
+
+    phase: str
+    """rollout, likelihood or train."""
+    what: str
+    """Short label, e.g. "sampler step (window)", "π_old one-step"."""
+    model: str
+    """Which model runs it: master, rollout (the FP8/FP4 copy, or the master for bf16 rollouts) or reference."""
+    calls: int
+    """Model calls of this kind per step."""
+    rows: int
+    """Sequences per call."""
+    tokens: int
+    """Query tokens fed per row (the canvas, or a cache window)."""
+    keys: int
+    """Key positions each query attends to (the whole canvas)."""
+    head: int
+    """Positions per row that go through the LM head."""
+    grad: bool = False
+    """Forward with autograd (the update); its backward runs too."""
+
+    @property
+    def row_passes(self) -> int:
+        """Rows through the model over the step (calls × rows)."""
+        return self.calls * self.rows
+
+
+def nfe(w: Workload) -> int:
+    """Sampler forwards per rollout (Rollout.nfe): the fixed schedule's steps (with a threshold: an upper bound)."""
+    return w.sampler_steps
+
+
+def rollout_passes(w: Workload) -> list[Pass]:
+    """The sampler's forwards (samplers/diffusion.py): full canvases, or a block's refresh + its cached windows."""
+    T, B, Lb = w.rollout_canvas, w.rows, w.block_length
+    blocks = w.gen_length // Lb
+    per_block = w.sampler_steps // blocks
+    extra = [Pass("rollout", "sampler step, unconditional (CFG)", "rollout", nfe(w), B, T, T, Lb)] if w.cfg else []
+    if w.cache == "none":
+        return [Pass("rollout", "sampler step (full canvas)", "rollout", nfe(w), B, T, T, Lb), *extra]
+    out = [Pass("rollout", "block refresh (full canvas)", "rollout", blocks, B, T, T, Lb)]
+    if per_block > 1:
+        if w.cache == "dual":
+            out.append(Pass("rollout", "cached step (block window)", "rollout", blocks * (per_block - 1), B, Lb, T, Lb))
+        else:  # prefix: the window runs from the block start to the end of the canvas; one Pass per block
+            for b in range(blocks):
+                window = T - (w.rollout_prompt_len + b * Lb)
+                out.append(Pass("rollout", "cached step (block to end)", "rollout", per_block - 1, B, window, T, Lb))
+    return out
+
+
+def likelihood_passes(w: Workload) -> list[Pass]:
+    """π_old, log μ on the same masks, the mismatch ℓ and the reference: no-grad forwards (train/trainer.py)."""
+    T, B, L, it = w.canvas, w.rows, w.gen_length, w.num_iterations
+    quantised = w.rollout_precision != "bf16"
+    out = [Pass("likelihood", "π_old one-step", "rollout" if w.bypass else "master", it, B, T, T, L)]
+    if quantised and not w.bypass:
+        out.append(Pass("likelihood", "log μ one-step (same masks)", "rollout", 1, B, T, T, L))
+    if w.mismatch == "elbo":
+        rows = B * w.mismatch_draws
+        calls = math.ceil(rows / ELBO_ROWS_PER_CALL)
+        per_call = min(rows, ELBO_ROWS_PER_CALL)
+        for model in ("master", "rollout"):  # both ELBOs on the same draws; head: the masked positions (≤ L)
+            out.append(Pass("likelihood", f"mismatch ELBO ({w.mismatch_draws} draws)", model, calls, per_call, T, T, L))
+    elif w.mismatch == "trajectory":  # log μ was recorded by the sampler: only π_old replays
+        replayed = w.trajectory_steps if w.trajectory_steps is not None else nfe(w)
+        per_block = w.sampler_steps // (w.gen_length // w.block_length)
+        committed = w.block_length if w.threshold is not None else math.ceil(w.block_length / per_block)
+        out.append(Pass("likelihood", "mismatch trajectory replay", "master", replayed, B, T, T, committed))
+    if w.beta > 0:
+        out.append(Pass("likelihood", "reference one-step (β > 0)", "reference", it, B, T, T, L))
+    return out
+
+
+def train_passes(w: Workload) -> list[Pass]:
+    """The updates: forward + backward of the one-step estimator per micro-batch (the last may be smaller)."""
+    sizes = [len(range(i, w.rows, w.micro_batches)) for i in range(w.micro_batches)]  # tensor_split's chunk sizes
+    out = []
+    for size in sorted(set(s for s in sizes if s)):
+        calls = w.num_iterations * sizes.count(size)
+        out.append(Pass("train", "one-step forward + backward", "master", calls, size, w.canvas, w.canvas,
+                        w.gen_length, grad=True))
+    return out
+
+
+def step_passes(w: Workload) -> list[Pass]:
+    """Every model forward of one RL step, in the order the trainer runs them."""
+    return [*rollout_passes(w), *likelihood_passes(w), *train_passes(w)]
+
+
+ASSUMED_PROMPT_LEN = 256
+"""Prompt tokens assumed for a hub-model preset when --prompt-len is not given: a GSM8K / MATH question inside
+LLaDA's chat template is ~100–250 tokens (no tokenizer is loaded: nothing is downloaded)."""
+
+
+def measured_prompt_len(preset, rows: int = 64) -> int:
+    """Prompt tokens of the built-in tiny model's task: the widest of the task's first `rows` training prompts, encoded
+    with the tiny tokenizer as the trainer encodes them (chat template, left padding)."""
+    from dllm_ais.models.load import encode_prompts
+    from dllm_ais.models.tiny import tiny_tokenizer
+    from dllm_ais.tasks.registry import get_task
+    from dllm_ais.train.job import task_config_kwargs
+
+    tc = preset.train
+    task = get_task(tc.task)
+    data = task.load("train", data_path=tc.data_path, seed=tc.seed, **task_config_kwargs(task.load, tc.task_config))
+    ids, _ = encode_prompts(tiny_tokenizer(), [r["prompt"] for r in data[:rows]], chat=task.use_chat_template)
+    return int(ids.shape[1])
+
+
+def mismatch_kind(preset) -> str:
+    """Which passes compute ℓ (train/trainer.py `_correction`): none, elbo, trajectory or onestep."""
+    cc, sc = preset.correction, preset.sampler
+    if cc.bypass:
+        return "none"
+    if preset.train.mismatch_estimator == "trajectory":  # bf16 without a cache: μ = π_old on every canvas
+        return "none" if preset.train.rollout_precision == "bf16" and sc.cache == "none" else "trajectory"
+    if preset.train.rollout_precision == "bf16":
+        return "none"
+    return "elbo" if cc.correction_level == "sequence" else "onestep"
+
+
+def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1, fsdp: bool | None = None,
+                         gradient_checkpointing: bool = False, device: str = "cuda") -> Workload:
+    """The Workload of `preset` on `gpus` processes. prompt_len None: measured for the tiny model, else
+    ASSUMED_PROMPT_LEN. fsdp None: FSDP2 for full fine-tuning on several GPUs (README "Many GPUs"), else DDP.
+    device "cuda": the sampler compiles and pads prompts to PROMPT_BUCKET; "cpu": as the CPU runs it."""
+    tc, sc, gc = preset.train, preset.sampler, preset.grpo
+    if gpus < 1:
+        raise ValueError(f"--gpus {gpus}: must be >= 1.")
+    if prompt_len is None:
+        prompt_len = measured_prompt_len(preset) if preset.model.path is None else ASSUMED_PROMPT_LEN
+    if prompt_len < 1:
+        raise ValueError(f"--prompt-len {prompt_len}: must be >= 1.")
+    fsdp = (gpus > 1 and tc.lora_r == 0) if fsdp is None else fsdp
+    if fsdp and gpus < 2:
+        raise ValueError("--fsdp shards over several GPUs: pass --gpus N with N >= 2.")
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}[preset.model.dtype]
+    # FSDP full fine-tuning: fp32 shards (16-bit ones are refused), bf16 compute through mixed precision
+    param_bytes = 4 if (fsdp and tc.lora_r == 0) else dtype_bytes
+    act_bytes = 2 if fsdp else dtype_bytes
+    compiled = device == "cuda" and sc.compile
+    rollout_prompt = -(-prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET if compiled else prompt_len
+    return Workload(
+        rows=tc.prompts_per_step * gc.num_generations, prompt_len=prompt_len, rollout_prompt_len=rollout_prompt,
+        gen_length=sc.gen_length, block_length=sc.block_length, sampler_steps=sc.steps, cache=sc.cache,
+        threshold=sc.threshold, cfg=sc.cfg_scale > 0, temperature=sc.temperature, remasking=sc.remasking,
+        rollout_precision=tc.rollout_precision, param_bytes=param_bytes, act_bytes=act_bytes, lora_r=tc.lora_r,
+        micro_batches=min(tc.gradient_accumulation_steps, tc.prompts_per_step * gc.num_generations),
+        num_iterations=gc.num_iterations, beta=gc.beta, mismatch=mismatch_kind(preset),
+        mismatch_draws=tc.mismatch_num_draws, trajectory_steps=tc.trajectory_steps, bypass=preset.correction.bypass,
+        gpus=gpus, fsdp=fsdp, gradient_checkpointing=gradient_checkpointing, train_steps=tc.steps)

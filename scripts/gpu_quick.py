@@ -1,0 +1,765 @@
+"""Every headline GPU figure in one short call: `bash scripts/gpu_check.sh --quick` (≤ 420 s on an H100, install
+included). The staged `gpu_check.sh --stage …` stays for longer budgets.
+
+  bash scripts/gpu_check.sh --quick                         # GPU: LLaDA-8B shape, random bf16 weights
+  python scripts/gpu_quick.py --device cpu --tiny           # CPU dry run: the same code at tiny shapes (CI runs it)
+
+Parts, each a subprocess under its own deadline (a part that hangs is killed; what it wrote stays), run in this order;
+summary.json and report.md are rebuilt after each:
+  eager     one process, one random LLaDA-8B-shaped master (bf16, no download):
+            (a) one sampler forward at [32, 320] (the whole canvas in, the current 32-token block's logits out, exactly
+                as diffusion_sample calls the model): BF16 master, BF16 fused copy, FP8 copy on the default backend
+                (cublas on sm_90) and every other available block/row backend, all eager;
+            (b) the dual-cache window step: [32 × 32] tokens over a cached 320-token canvas, BF16 vs FP8;
+            (g) torch.profiler top-15 ops of one FP8 forward (profile_fp8.txt);
+            (d) weight sync (sync_weights master → FP8 copy, as after every optimizer step) vs its bandwidth floor;
+            (e) Triton vs cuBLAS blockwise vs BF16 GEMM at two rollout shapes, and which row counts M cuBLAS's
+                blockwise mode accepts (cublas_accepts probes);
+            (c) resident memory and forward peak of each copy, and the peak of one RL micro-batch (LoRA r=128 master,
+                forward + backward over the completion + an AdamW step, with and without gradient checkpointing).
+  tests     the kernel tests on CUDA (kernels vs their torch twins, compiled sampler step), ≤ 90 s.
+  compiled  the sampler's compiled step (torch.compile mode="reduce-overhead", CUDA graphs) at the same shape: BF16
+            master, FP8 default backend, BF16 fused copy, then the compiled dual-cache window step (until the deadline).
+On CPU (--device cpu) the compiled part traces the same step with dynamo's "eager" backend (no inductor: seconds,
+not minutes), so the dry run exercises tracing, the recorded cuBLAS decisions and every summary key.
+
+Writes to --out-dir (default benchmarks/gpu/<device>-<YYYYMMDD>-quick): quick.jsonl (one JSON row per measurement,
+flushed as measured), profile_fp8.txt, <part>.log, summary.json (QUICK_KEYS exactly) and report.md (values, targets,
+the plan's predictions next to the measurements, missed targets with the profile).
+--block-imports A,B makes those modules unimportable in every part (the CI dry run blocks datasets, math_verify and
+torchao, which the device image lacks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+PARTS = ("eager", "tests", "compiled")
+PART_CAP_S = {"eager": 170, "tests": 90, "compiled": 240}  # each part's own limit (the budget may cut it shorter)
+SUMMARY_MARGIN_S = 8  # kept back from the budget for the last summary
+WORKLOAD = {  # batch, prompt length, gen length, block length; LoRA rank and RL micro-batch rows
+    "full": dict(batch=32, prompt=64, gen=256, block=32, lora_r=128, micro_batch=3),
+    "tiny": dict(batch=2, prompt=8, gen=16, block=8, lora_r=4, micro_batch=2),
+}
+GEMM_SHAPES = {"full": [(10240, 24576, 4096), (10240, 4096, 12288)], "tiny": [(64, 256, 128), (64, 128, 256)]}
+CUBLAS_PROBE_M = [1, 2, 3, 4, 8, 16, 24, 31, 32, 33, 64, 96, 100, 1024, 10240]
+TEST_FILES = {
+    "full": ["tests/test_fp8_cublas_decisions.py", "tests/test_fp8_cublas_auto.py", "tests/test_fp8_producers.py",
+             "tests/test_fp8_row_producers.py", "tests/test_fp8_quant.py", "tests/test_fp8_gemm.py",
+             "tests/test_sampler_compile.py"],
+    "tiny": ["tests/test_fp8_cublas_decisions.py"],
+}  # fmt: skip
+QUICK_KEYS = (
+    "forward_ms_bf16_eager", "forward_ms_bf16_fused_eager", "forward_ms_bf16_compiled_best", "forward_ms_fp8_eager",
+    "forward_ms_fp8_compiled", "fp8_backend", "fp8_vs_bf16_eager", "fp8_vs_bf16_best", "window_ms_bf16",
+    "window_ms_fp8", "window_fp8_vs_bf16", "model_gib_bf16_master", "model_gib_fp8_copy", "peak_gib_bf16_forward",
+    "peak_gib_fp8_forward", "fp8_peak_mem_ratio", "peak_gib_rl_microbatch", "peak_gib_rl_microbatch_checkpointed",
+    "sync_ms", "sync_floor_ms", "sync_vs_floor", "gemm_triton_vs_cublas_min", "gemm_cublas_vs_bf16_min",
+    "cublas_rejected_m", "gpu_tests_passed", "gpu_tests_failed", "predicted", "parts", "device", "torch", "triton",
+    "git_sha",
+)  # fmt: skip
+TARGETS = {  # issue 28's targets, rebased on the static figures: (comparison, bound)
+    "fp8_vs_bf16_eager": (">=", 1.7),
+    "fp8_vs_bf16_best": (">=", 1.3),
+    "window_fp8_vs_bf16": (">=", 1.3),
+    "sync_vs_floor": ("<=", 2.0),
+    "gpu_tests_failed": ("<=", 0),
+}
+PREDICTED = {  # summary key -> key of dllm_ais.plan.predict_quick(gpu) measuring the same thing (its docstring;
+    # its peak_gib_bf16_master / _fp8_copy are whole sampler steps, float64 sampling tail included, not one forward)
+    "forward_ms_bf16_eager": "forward_ms_bf16",
+    "forward_ms_fp8_eager": "forward_ms_fp8",
+    "peak_gib_rl_microbatch": "peak_gib_rl_microbatch",
+    "sync_floor_ms": "sync_ms_floor_linears",
+}
+
+
+PREDICTED_NAMES = {v: k for k, v in PREDICTED.items()}
+NOT_IN_TABLE = {"predicted", "parts", "device", "torch", "triton", "git_sha"}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# import blocking (the bare device image has no datasets / math_verify / torchao)
+
+
+def block_imports(names: str | None) -> None:
+    """Make the named top-level modules look absent in this process: `import` raises ModuleNotFoundError and
+    importlib.util.find_spec returns None (a None entry in sys.modules), as on an image without them."""
+    for name in (n.strip() for n in (names or "").split(",")):
+        if name:
+            sys.modules[name] = None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# rows
+
+
+class Rows:
+    """Appends one JSON object per measurement to <out>/quick.jsonl, flushed at once (a killed part loses nothing)."""
+
+    def __init__(self, out: Path, part: str) -> None:
+        self.path, self.part = out / "quick.jsonl", part
+
+    def __call__(self, section: str, metric: str, value=None, status: str = "ok", **extra) -> None:
+        row = {"part": self.part, "section": section, "metric": metric, "value": value, "status": status, **extra}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        shown = value if status == "ok" else f"{status}: {extra.get('reason', '')}"
+        print(f"gpu_quick: {section} {metric} = {shown}", flush=True)
+
+
+def read_rows(out: Path) -> list[dict]:
+    path = out / "quick.jsonl"
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill
+            continue
+    return rows
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# measuring
+
+
+def time_ms(fn: Callable[[], object], device, warmup: int = 2, repeats: int = 5) -> float:
+    """Median milliseconds of fn() (CUDA events on a GPU, perf_counter elsewhere), after `warmup` calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def allocated_gib(device) -> float | None:
+    import torch
+
+    return torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def peak_during(fn: Callable[[], object], device) -> float | None:
+    """Peak allocated GiB while fn() runs (CUDA; None elsewhere)."""
+    import torch
+
+    if device.type != "cuda":
+        fn()
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+class Setup:
+    """The master, the canvas and the shapes every part measures at."""
+
+    def __init__(self, args) -> None:
+        import torch
+
+        from dllm_ais.models.llada import LLaDAConfig
+
+        self.device = torch.device(args.device)
+        self.size = "tiny" if args.tiny else "full"
+        self.w = WORKLOAD[self.size]
+        bench_rollout = _script("bench_rollout")
+        shape = bench_rollout.SHAPES["smoke" if args.tiny else "full"]
+        self.config = LLaDAConfig(**shape)
+        t0 = time.perf_counter()
+        self.master = bench_rollout.random_llada(self.config, seed=0, device=self.device)
+        self.build_s = time.perf_counter() - t0
+        B, P, L = self.w["batch"], self.w["prompt"], self.w["gen"]
+        g = torch.Generator(device=self.device).manual_seed(0)
+        ids, mask = bench_rollout.random_prompts(B, P, self.config.embedding_size, self.config.mask_token_id, g,
+                                                 self.device)  # fmt: skip
+        masks = torch.full((B, L), self.config.mask_token_id, dtype=ids.dtype, device=self.device)
+        self.x = torch.cat([ids, masks], dim=1)  # [B, P + L]: prompt, then an all-masked completion
+        self.attn = torch.cat([mask, torch.ones(B, L, dtype=torch.bool, device=self.device)], dim=1)
+        self.lo, self.hi = P, P + self.w["block"]  # the first block
+        self.rows = B * (P + L)  # activation rows of one whole-canvas forward
+
+    def default_backend(self) -> str:
+        from dllm_ais.fp8 import default_backend
+
+        return default_backend(self.device)
+
+    def fp8_copy(self, backend: str):
+        from dllm_ais.fp8 import prepare_gemm_shapes, quantize_model
+
+        copy = quantize_model(self.master, backend=backend, expected_m=self.rows)
+        prepare_gemm_shapes(copy, [self.rows, self.w["batch"] * self.w["block"]])
+        return copy
+
+    def forward(self, model, compiled: int = 0):
+        """One sampler step without a cache: the whole canvas in, the first block's logits out [B, Lb, V]."""
+        from dllm_ais.samplers.diffusion import _logits
+
+        return _logits(model, self.x, self.attn, self.lo, self.hi, compiled)
+
+    def window(self, model, compiled: int = 0) -> Callable[[], object]:
+        """A dual-cache step as diffusion_sample runs it: a refresh over the whole canvas fills the cache (now), then
+        the returned thunk recomputes only the block window [B, Lb] against the cached K/V."""
+        from dllm_ais.models.kv_cache import KVCache
+        from dllm_ais.samplers.diffusion import _logits
+
+        kv = KVCache.for_model(model, self.x.shape[0], self.x.shape[1])
+        if compiled and self.device.type == "cuda":
+            kv.mark_static()
+        _logits(model, self.x, self.attn, self.lo, self.hi, compiled, kv, 0)
+        block = self.x[:, self.lo:self.hi]
+        return lambda: _logits(model, block, self.attn, 0, self.hi - self.lo, compiled, kv, self.lo)
+
+
+def _free(device) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _section(rows: Rows, name: str, deadline: float, fn: Callable[[], None]) -> None:
+    """Run one section unless the part's deadline has passed; a failure is recorded and the part goes on."""
+    from dllm_ais.analysis import bench_env
+
+    if time.time() > deadline:
+        rows(name, "section", status="skipped", reason="the part's deadline passed before it started")
+        return
+    t0 = time.perf_counter()
+    try:
+        fn()
+        rows(name, "section_s", time.perf_counter() - t0)
+    except Exception as e:  # one broken section must not cost the others
+        rows(name, "section", status="failed", reason=bench_env.error_reason(e))
+        import traceback
+
+        traceback.print_exc()
+
+
+@torch.no_grad()
+def part_eager(args, rows: Rows, deadline: float) -> None:
+    import torch
+
+    from dllm_ais.analysis import bench_env
+    from dllm_ais.fp8.fused_llada import build_fused_llada
+
+    s = Setup(args)
+    dev = s.device
+    default = s.default_backend()
+    rows("setup", "master_build_s", s.build_s, shape=s.w, fp8_backend=default)
+    rows("setup", "fp8_backend", default)
+    master_gib = allocated_gib(dev)
+    rows("memory", "model_gib_bf16_master", master_gib)
+
+    def measure_forward(name: str, model) -> None:
+        before = allocated_gib(dev)
+        ms = time_ms(lambda: s.forward(model), dev)
+        peak = peak_during(lambda: s.forward(model), dev)
+        rows("forward", f"forward_ms_{name}", ms)
+        if peak is not None:
+            rows("memory", f"forward_activation_gib_{name}", peak - before)
+
+    def forward_section() -> None:
+        measure_forward("bf16_eager", s.master)
+        fused = build_fused_llada(s.master, None)
+        rows("memory", "model_gib_bf16_fused", allocated_gib(dev) - master_gib if dev.type == "cuda" else None)
+        measure_forward("bf16_fused_eager", fused)
+        del fused
+        _free(dev)
+        measure_fp8([default])
+
+    def measure_fp8(names: list[str]) -> None:
+        for backend in names:
+            reason = bench_env.backend_reason(backend, dev)
+            if reason is not None:
+                rows("forward", f"forward_ms_fp8_{backend}_eager", status="skipped", reason=reason)
+                continue
+            if time.time() > deadline - 20:
+                rows("forward", f"forward_ms_fp8_{backend}_eager", status="skipped", reason="deadline")
+                continue
+            t0 = time.perf_counter()
+            copy = s.fp8_copy(backend)
+            bench_env.sync(dev)
+            rows("forward", f"build_s_fp8_{backend}", time.perf_counter() - t0)
+            if backend == default:
+                rows("memory", "model_gib_fp8_copy", allocated_gib(dev) - master_gib if dev.type == "cuda" else None)
+            measure_forward(f"fp8_{backend}_eager", copy)
+            del copy
+            _free(dev)
+
+    def window_section() -> None:
+        for name, build in (("bf16", lambda: s.master), ("fp8", lambda: s.fp8_copy(default))):
+            model = build()
+            step = s.window(model)
+            rows("window", f"window_ms_{name}", time_ms(step, dev))
+            del model, step
+            _free(dev)
+
+    def profile_section() -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        copy = s.fp8_copy(default)
+        s.forward(copy)
+        bench_env.sync(dev)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            s.forward(copy)
+            bench_env.sync(dev)
+        key = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
+        table = prof.key_averages().table(sort_by=key, row_limit=15)
+        from dllm_ais.atomic import atomic_write_text
+
+        atomic_write_text(args.out_dir / "profile_fp8.txt",
+                          f"# one forward, fp8 {default}, {list(s.x.shape)}, {bench_env.device_name(dev)}\n\n{table}\n")
+        rows("profile", "profile_fp8", "profile_fp8.txt")
+        del copy
+        _free(dev)
+
+    def sync_section() -> None:
+        from dllm_ais.fp8 import FP8Linear, sync_weights
+
+        copy = s.fp8_copy(default)
+        layers = [m for m in copy.modules() if isinstance(m, FP8Linear)]
+        params = sum(m.weight_q.numel() for m in layers)
+        scales = sum(m.weight_scale.numel() for m in layers)
+        moved = 2 * params + params + 4 * scales  # read bf16 weights, write e4m3 codes and fp32 scales
+        bench_fp8 = _script("bench_fp8")
+        bandwidth = bench_fp8.copy_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (1 << 24), repeats=5)
+        rows("sync", "copy_bandwidth_GBps", bandwidth / 1e9)
+        rows("sync", "sync_floor_ms", moved / bandwidth * 1e3, params=params, bytes_moved=moved)
+        rows("sync", "sync_ms", time_ms(lambda: sync_weights(s.master, copy), dev, warmup=1, repeats=3))
+        del copy
+        _free(dev)
+
+    def gemm_section() -> None:
+        from dllm_ais.fp8 import backends
+
+        bench_fp8 = _script("bench_fp8")
+        g = torch.Generator(device=dev).manual_seed(0)
+        wanted = ("bf16_matmul", "fp8_triton_gemm", "fp8_cublas_blockwise")
+        for M, N, K in GEMM_SHAPES[s.size]:
+            w = (torch.randn(N, K, generator=g, device=dev) * 0.02).to(torch.bfloat16)
+            x = torch.randn(M, K, generator=g, device=dev).to(torch.bfloat16)
+            shape = {"M": M, "N": N, "K": K}
+            for name, (reason, fn) in bench_fp8.gemm_cases(x, w).items():
+                if name not in wanted:
+                    continue
+                if reason is not None:
+                    rows("gemm", f"tflops_{name}", status="skipped", reason=reason, shape=shape)
+                    continue
+                ms = time_ms(fn, dev, warmup=2, repeats=5)
+                rows("gemm", f"tflops_{name}", 2 * M * N * K / ms / 1e9, shape=shape)
+            del w, x
+            _free(dev)
+        if bench_env.backend_reason("cublas", dev) is None:
+            accepted = [m for m in CUBLAS_PROBE_M if backends.cublas_accepts(m, 4096 if s.size == "full" else 256,
+                                                                             4096 if s.size == "full" else 256, dev)]
+            rows("gemm", "cublas_rejected_m", [m for m in CUBLAS_PROBE_M if m not in accepted], probed=CUBLAS_PROBE_M)
+        else:
+            rows("gemm", "cublas_rejected_m", status="skipped", reason=bench_env.backend_reason("cublas", dev))
+
+    def rl_section() -> None:
+        from peft import LoraConfig, get_peft_model
+
+        from dllm_ais.models.llada import lora_target_regex
+
+        model = get_peft_model(s.master, LoraConfig(r=s.w["lora_r"], lora_alpha=64.0, lora_dropout=0.0,
+                                                    target_modules=lora_target_regex()))  # fmt: skip
+        model.train()
+        mb, P = s.w["micro_batch"], s.w["prompt"]
+        x, attn = s.x[:mb].clone(), s.attn[:mb]
+        targets = torch.randint(5, s.config.vocab_size, (mb, s.w["gen"]), device=dev)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=1e-6)  # its fp32 m, v are part of a training step's memory
+        for checkpointed in (False, True):
+            s.master.model.gradient_checkpointing = checkpointed
+
+            def step() -> None:
+                with torch.enable_grad():
+                    logits = model(input_ids=x, attention_mask=attn, positions=slice(P, P + s.w["gen"])).logits
+                    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+                    loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            step()  # warm-up (allocator, autotuning)
+            peak = peak_during(step, dev)
+            rows("rl", "peak_gib_rl_microbatch" + ("_checkpointed" if checkpointed else ""), peak,
+                 rows=mb, tokens=x.shape[1], lora_r=s.w["lora_r"])  # fmt: skip
+            if dev.type != "cuda":
+                rows("rl", "step_ms" + ("_checkpointed" if checkpointed else ""), time_ms(step, dev, 0, 1))
+        s.master.model.gradient_checkpointing = False
+        model.unload()  # the master without LoRA again, for the sections after this one
+        s.master.eval()
+
+    def other_backends_section() -> None:  # last: the Triton GEMM autotunes on its first call
+        measure_fp8([b for b in ("scaled_mm", "triton", "cublas") if b != default])
+
+    for name, fn in (("forward", forward_section), ("window", window_section), ("profile", profile_section),
+                     ("sync", sync_section), ("gemm", gemm_section), ("rl", rl_section),
+                     ("other_backends", other_backends_section)):  # fmt: skip
+        _section(rows, name, deadline, fn)
+
+
+@torch.no_grad()
+def part_compiled(args, rows: Rows, deadline: float) -> None:
+    import torch
+
+    from dllm_ais.analysis import bench_env
+    from dllm_ais.fp8.fused_llada import build_fused_llada
+    from dllm_ais.samplers import diffusion
+
+    if args.device == "cpu":  # dynamo traces the same step; no inductor (seconds instead of minutes)
+        diffusion._compiled_step = lambda device_type="cpu": torch.compile(diffusion._step, backend="eager",
+                                                                           dynamic=False)  # fmt: skip
+    s = Setup(args)
+    dev = s.device
+    default = s.default_backend()
+    builders = (("bf16", lambda: s.master), (f"fp8_{default}", lambda: s.fp8_copy(default)),
+                ("bf16_fused", lambda: build_fused_llada(s.master, None)))  # fmt: skip
+    for name, build in builders:
+        if time.time() > deadline - (30 if dev.type == "cuda" else 5):
+            rows("compiled", f"forward_ms_{name}_compiled", status="skipped", reason="deadline")
+            continue
+        try:
+            model = build()
+            t0 = time.perf_counter()
+            s.forward(model, compiled=1)  # compiles and records the CUDA graph
+            bench_env.sync(dev)
+            rows("compiled", f"compile_s_{name}", time.perf_counter() - t0)
+            rows("compiled", f"forward_ms_{name}_compiled", time_ms(lambda m=model: s.forward(m, compiled=1), dev))
+        except Exception as e:
+            rows("compiled", f"forward_ms_{name}_compiled", status="failed", reason=bench_env.error_reason(e))
+        model = None
+        _free(dev)
+    for name, build in (("bf16", lambda: s.master), ("fp8", lambda: s.fp8_copy(default))):
+        if time.time() > deadline - (30 if dev.type == "cuda" else 5):
+            rows("compiled", f"window_ms_{name}_compiled", status="skipped", reason="deadline")
+            continue
+        try:
+            model = build()
+            step = s.window(model, compiled=2)
+            rows("compiled", f"window_ms_{name}_compiled", time_ms(step, dev, warmup=3))
+        except Exception as e:
+            rows("compiled", f"window_ms_{name}_compiled", status="failed", reason=bench_env.error_reason(e))
+        model = step = None
+        _free(dev)
+    from dllm_ais.fp8.backends import cublas_fallbacks
+
+    rows("compiled", "cublas_fallbacks", sorted(list(k[1:]) for k in cublas_fallbacks()))
+
+
+def part_tests(args, rows: Rows, deadline: float) -> None:
+    files = TEST_FILES["tiny" if args.tiny else "full"]
+    log = args.out_dir / "tests-pytest.log"
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "pytest_report_now", "-o", "addopts=",
+           *files]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "scripts"),
+                                                                      os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    with log.open("w") as f:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                  timeout=max(1.0, deadline - time.time()))  # fmt: skip
+            status = "ok" if proc.returncode in (0, 1) else f"pytest exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            status = "timed out"
+    counts = count_tests(log.read_text())
+    rows("tests", "gpu_tests_passed", counts["passed"], files=files)
+    rows("tests", "gpu_tests_failed", counts["failed"] if status in ("ok", "timed out") else None,
+         skipped=counts["skipped"], run_status=status, status="ok" if status == "ok" else "partial")  # fmt: skip
+
+
+def count_tests(log: str) -> dict[str, int]:
+    """passed / failed (FAILED + ERROR) / skipped from pytest -v lines (complete or cut short by a timeout)."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for m in re.finditer(r"^\S+::\S+.*? (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", log, re.MULTILINE):
+        word = m.group(1)
+        counts["passed" if word in ("PASSED", "XFAIL", "XPASS") else "skipped" if word == "SKIPPED" else
+               "failed"] += 1  # fmt: skip
+    return counts
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# summary
+
+
+def _last(rows: list[dict], metric: str):
+    values = [r["value"] for r in rows if r.get("metric") == metric and r.get("status") in ("ok", "partial")]
+    return values[-1] if values else None
+
+
+def _ratio(a, b):
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def predictions(gpu: str | None) -> dict | None:
+    """dllm_ais.plan.predict_quick(gpu) when the plan module is there (None otherwise, or off CUDA)."""
+    if not gpu:
+        return None
+    try:
+        from dllm_ais.plan import predict_quick
+    except ImportError:
+        return None
+    try:
+        return predict_quick(gpu)
+    except Exception as e:  # a prediction must never cost the measurement
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def gpu_kind(device_name: str) -> str | None:
+    """'h100' / 'h200' / 'a100' from a CUDA device name (None for anything else)."""
+    for kind in ("h200", "h100", "a100"):
+        if kind in device_name.lower():
+            return kind
+    return None
+
+
+def summarize(out: Path, env: dict, parts: dict[str, str]) -> dict:
+    """summary.json's dict (QUICK_KEYS exactly) from <out>/quick.jsonl."""
+    rows = read_rows(out)
+    backend = _last(rows, "fp8_backend")
+    fp8_eager = _last(rows, f"forward_ms_fp8_{backend}_eager")
+    fp8_compiled = _last(rows, f"forward_ms_fp8_{backend}_compiled")
+    bf16_eager = _last(rows, "forward_ms_bf16_eager")
+    bf16_fused = _last(rows, "forward_ms_bf16_fused_eager")
+    compiled = [v for v in (_last(rows, "forward_ms_bf16_compiled"), _last(rows, "forward_ms_bf16_fused_compiled"))
+                if v is not None]
+    bf16_all = [v for v in (bf16_eager, bf16_fused, *compiled) if v is not None]
+    fp8_all = [v for v in (fp8_eager, fp8_compiled) if v is not None]
+    windows = {p: [v for v in (_last(rows, f"window_ms_{p}"), _last(rows, f"window_ms_{p}_compiled")) if v]
+               for p in ("bf16", "fp8")}  # fmt: skip
+    master_gib, fp8_gib = _last(rows, "model_gib_bf16_master"), _last(rows, "model_gib_fp8_copy")
+    act_bf16 = _last(rows, "forward_activation_gib_bf16_eager")
+    act_fp8 = _last(rows, f"forward_activation_gib_fp8_{backend}_eager")
+    peak_bf16 = master_gib + act_bf16 if master_gib is not None and act_bf16 is not None else None
+    peak_fp8 = fp8_gib + act_fp8 if fp8_gib is not None and act_fp8 is not None else None
+    gemm = {}
+    for r in rows:
+        if r.get("section") == "gemm" and r.get("status") == "ok" and "shape" in r:
+            gemm.setdefault(json.dumps(r["shape"], sort_keys=True), {})[r["metric"]] = r["value"]
+    tri_vs_cublas = [_ratio(g.get("tflops_fp8_triton_gemm"), g.get("tflops_fp8_cublas_blockwise")) for g in gemm.values()]
+    cublas_vs_bf16 = [_ratio(g.get("tflops_fp8_cublas_blockwise"), g.get("tflops_bf16_matmul")) for g in gemm.values()]
+    tri_vs_cublas = [v for v in tri_vs_cublas if v is not None]
+    cublas_vs_bf16 = [v for v in cublas_vs_bf16 if v is not None]
+    values = {
+        "forward_ms_bf16_eager": bf16_eager,
+        "forward_ms_bf16_fused_eager": bf16_fused,
+        "forward_ms_bf16_compiled_best": min(compiled) if compiled else None,
+        "forward_ms_fp8_eager": fp8_eager,
+        "forward_ms_fp8_compiled": fp8_compiled,
+        "fp8_backend": backend,
+        "fp8_vs_bf16_eager": _ratio(bf16_eager, fp8_eager),
+        "fp8_vs_bf16_best": _ratio(min(bf16_all), min(fp8_all)) if bf16_all and fp8_all and compiled else None,
+        "window_ms_bf16": min(windows["bf16"]) if windows["bf16"] else None,
+        "window_ms_fp8": min(windows["fp8"]) if windows["fp8"] else None,
+        "window_fp8_vs_bf16": _ratio(min(windows["bf16"]), min(windows["fp8"]))
+        if windows["bf16"] and windows["fp8"] else None,
+        "model_gib_bf16_master": master_gib,
+        "model_gib_fp8_copy": fp8_gib,
+        "peak_gib_bf16_forward": peak_bf16,
+        "peak_gib_fp8_forward": peak_fp8,
+        "fp8_peak_mem_ratio": _ratio(peak_fp8, peak_bf16),
+        "peak_gib_rl_microbatch": _last(rows, "peak_gib_rl_microbatch"),
+        "peak_gib_rl_microbatch_checkpointed": _last(rows, "peak_gib_rl_microbatch_checkpointed"),
+        "sync_ms": _last(rows, "sync_ms"),
+        "sync_floor_ms": _last(rows, "sync_floor_ms"),
+        "sync_vs_floor": _ratio(_last(rows, "sync_ms"), _last(rows, "sync_floor_ms")),
+        "gemm_triton_vs_cublas_min": min(tri_vs_cublas) if tri_vs_cublas else None,
+        "gemm_cublas_vs_bf16_min": min(cublas_vs_bf16) if cublas_vs_bf16 else None,
+        "cublas_rejected_m": _last(rows, "cublas_rejected_m"),
+        "gpu_tests_passed": _last(rows, "gpu_tests_passed"),
+        "gpu_tests_failed": _last(rows, "gpu_tests_failed"),
+        "predicted": predictions(gpu_kind(env["device"])),
+        "parts": parts,
+        **env,
+    }
+    return {key: values[key] for key in QUICK_KEYS}
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "not measured"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def report(summary: dict, out: Path) -> str:
+    lines = [f"# GPU quick check: {summary['device']}", "",
+             f"torch {summary['torch']}, triton {summary['triton']}, git {summary['git_sha']}; FP8 backend "
+             f"{summary['fp8_backend']}. Command: `bash scripts/gpu_check.sh --quick` (scripts/gpu_quick.py).", "",
+             "| key | measured | plan's prediction | target |", "|---|---|---|---|"]  # fmt: skip
+    predicted = summary["predicted"] or {}
+    missed = []
+    for key in (k for k in QUICK_KEYS if k not in NOT_IN_TABLE):
+        value, target = summary[key], TARGETS.get(key)
+        verdict = ""
+        if target is not None:
+            if value is None:
+                verdict = f"{target[0]} {target[1]} (not measured)"
+            else:
+                met = value >= target[1] if target[0] == ">=" else value <= target[1]
+                verdict = f"{target[0]} {target[1]}: {'met' if met else 'NOT met'}"
+                if not met:
+                    missed.append(key)
+        pred = predicted.get(PREDICTED.get(key, ""), None) if isinstance(predicted, dict) else None
+        lines.append(f"| {key} | {_shown(value)} | {_shown(pred) if key in PREDICTED else ''} | {verdict} |")
+    if isinstance(predicted, dict) and isinstance(predicted.get("sources"), dict):
+        lines += ["", f"Predictions: dllm_ais.plan.predict_quick({predicted.get('gpu')!r}), from its model and the rows committed before this run:"]
+        lines += [f"- {PREDICTED_NAMES.get(k, k)}: {note}" for k, note in predicted["sources"].items()]
+    elif isinstance(predicted, dict) and predicted.get("error"):
+        lines += ["", f"Predictions failed: {predicted['error']}"]
+    elif not predicted:
+        lines += ["", "Predictions: none (dllm_ais.plan.predict_quick unavailable or not a known GPU kind)."]
+    lines += ["", "Forward = one sampler step without a cache at [batch 32, canvas 320]: the whole canvas through the "
+              "model, the current 32-token block's logits out (diffusion_sample's call). Window = a dual-cache step: "
+              "[32 × 32] tokens against the cached canvas. best = fastest of eager and compiled rows.", "",
+              "Parts:", ""] + [f"- {name}: {status}" for name, status in summary["parts"].items()]
+    profile = out / "profile_fp8.txt"
+    if profile.is_file():
+        head = "missed targets: " + ", ".join(missed) + "; the profile" if missed else "The profile"
+        lines += ["", f"## {head} of one FP8 forward", "", "```", profile.read_text().rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out: Path, env: dict, parts: dict[str, str]) -> dict:
+    from dllm_ais.atomic import atomic_write_text
+
+    summary = summarize(out, env, parts)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / "report.md", report(summary, out))
+    return summary
+
+
+def environment(device: str) -> dict:
+    import torch
+
+    from dllm_ais.analysis import bench_env
+
+    sha, dirty = bench_env.git_commit(REPO)
+    return {
+        "device": bench_env.device_name(torch.device(device)),
+        "torch": bench_env.version("torch"),
+        "triton": bench_env.version("triton"),
+        "git_sha": sha + ("+uncommitted" if dirty else ""),  # (a copied tree whose .git is older reads as changed)
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# driver
+
+
+def run_parts(args) -> dict:
+    """Each part in its own process, under min(its cap, what is left of the budget); summary after each."""
+    t_end = time.time() + args.budget_s - SUMMARY_MARGIN_S
+    env = environment(args.device)
+    parts: dict[str, str] = {}
+    summary = write_summary(args.out_dir, env, parts)
+    for part in args.parts:
+        left = t_end - time.time()
+        if left < 10:
+            parts[part] = "skipped: budget spent"
+            continue
+        limit = min(PART_CAP_S[part], left)
+        deadline = time.time() + limit
+        cmd = [sys.executable, __file__, "--part", part, "--out-dir", str(args.out_dir), "--device", args.device,
+               "--deadline", str(deadline - 3)] + (["--tiny"] if args.tiny else []) + (
+            ["--block-imports", args.block_imports] if args.block_imports else [])  # fmt: skip
+        print(f"gpu_quick: {part} (limit {limit:.0f} s) …", flush=True)
+        t0 = time.perf_counter()
+        with (args.out_dir / f"{part}.log").open("w") as log:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+            try:
+                rc = proc.wait(timeout=limit)
+                status = "ok" if rc == 0 else f"exit status {rc} (see {part}.log)"
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                status = f"killed at its limit (see {part}.log)"
+        parts[part] = f"{status} ({time.perf_counter() - t0:.0f} s)"
+        print(f"gpu_quick: {part}: {parts[part]}", flush=True)
+        summary = write_summary(args.out_dir, env, parts)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", type=Path, help="default benchmarks/gpu/<device>-<YYYYMMDD>-quick")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (the dry run, with --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="tiny LLaDA shapes (the CPU dry run)")
+    parser.add_argument("--budget-s", type=float, default=400.0,
+                        help="seconds for all parts together (default 400: the 420 s call less the install)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run, in order")
+    parser.add_argument("--block-imports", default=None,
+                        help="comma-separated modules made unimportable in every part (e.g. datasets,math_verify)")
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # internal: run one part in this process
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    block_imports(args.block_imports)
+    if args.device == "cpu" and not args.tiny:
+        parser.error("--device cpu needs --tiny (LLaDA-8B shapes need a GPU)")
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if args.part:
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads()) if args.device == "cuda" else 1)
+        rows = Rows(args.out_dir, args.part)
+        {"eager": part_eager, "tests": part_tests, "compiled": part_compiled}[args.part](
+            args, rows, args.deadline or time.time() + PART_CAP_S[args.part])
+        return 0
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_quick: no CUDA device here; the CPU dry run is --device cpu --tiny", file=sys.stderr)
+        return 2
+    if args.out_dir is None:
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
+        name = re.sub(r"[^a-z0-9]+", "-", environment(args.device)["device"].lower()).strip("-")
+        args.out_dir = REPO / "benchmarks" / "gpu" / f"{name}-{date}-quick"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    summary = run_parts(args)
+    print(json.dumps(summary, indent=2))
+    print(f"gpu_quick: wrote {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
