@@ -92,6 +92,9 @@ class AnalysisConfig:
     """τ values of AIS's severity map scanned for the MSE (product combiner)."""
     threshold: float = 0.9
     """Confidence threshold of the fast sampler."""
+    ais_tau: float = 0.02
+    """τ of the AIS whose own λ is simulated (`ais_product`, `ais_severity`): the package default when this analysis
+    ran (it set the default to 0.1 afterwards, from `tau_grid`'s scan); pinned so the figures do not move with it."""
     lr: float = 5e-4
     """AdamW learning rate of the ΔJ step (the study presets')."""
     sgd_step_norm: float = 0.01
@@ -260,7 +263,7 @@ def _per_batch_size(mm, reg: Regime, cfg: AnalysisConfig, N: int, M: int, gen: t
         out[name.replace("rule", "mse_rule")] = a0 + 2 * lam * a1 + lam ** 2 * a2
     batches = draw_batches(reg.mu, reg.log_w, reg.values[reg.level], M, B, cfg.G, gen)
     forms = batch_forms(batches, mm, wt, reg.L)
-    base = CorrectionConfig(correction="ais")
+    base = CorrectionConfig(correction="ais", ais_tau=cfg.ais_tau)
     lams = {"ais_product": ais_lambda(batches.log_w, batches.adv, reg.L, base),
             "ais_severity": ais_lambda(batches.log_w, batches.adv, reg.L, replace(base, ais_combiner="severity"))}
     if B >= 2:

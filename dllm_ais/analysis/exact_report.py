@@ -196,8 +196,10 @@ def write_figure(doc: dict, path: Path) -> None:
         ax.tick_params(labelsize=6)
         if i == 0:
             ax.legend(fontsize=6)
+    tau = doc["config"].get("ais_tau")
     fig.suptitle("MSE(λ) / MSE(λ = 0) of ĝ_AIS(λ) = (1 − λ) ĝ_none + λ ĝ_TIS against g* (exact); "
-                 "o = λ*(N), x = AIS's own λ (median, bar = IQR) at its simulated MSE", fontsize=10)
+                 f"o = λ*(N), x = AIS's own λ (product combiner, τ = {tau}; median, bar = IQR) at its simulated MSE",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(str(path), dpi=90)
 
