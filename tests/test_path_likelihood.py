@@ -294,3 +294,36 @@ def test_trajectory_policy_gradient_is_the_exact_gradient():
         print(f"{name}: |E ĝ − ∇E[R]| / |∇E[R]| = {rel(mean):.3f}, cosine with ∇E[R] {cos:.3f}, bias along ∇E[R] "
               f"{bias / float(exact.norm()):+.3f} |∇E[R]| ({bias / se:+.1f} trajectory SEs)")
         assert rel(mean) > 0.1 and rel(mean) > 1.5 * rel(est.mean(0)), (name, rel(mean))
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5, 0.9])
+def test_marginal_over_orders_matches_the_independent_exact_sampler(threshold):
+    """Σ over every order (commit steps) of exp(path_logprob) equals P(y | x) of issue 27's exact sampler
+    (analysis/exact_sampler.py: a dynamic programme over partial canvases, written independently of this
+    likelihood) for every completion, low-confidence and threshold decoding, one block, T = 1."""
+    from dllm_ais.analysis.exact_sampler import diffusion_distribution
+    from dllm_ais.analysis.exact_testbed import TestbedConfig, draw_prompts, make_llada, sequence_index
+    from dllm_ais.likelihood.trajectory import path_logprob
+
+    tb = TestbedConfig(gen_length=3)
+    model = make_llada(tb)
+    with torch.no_grad():
+        model.model.transformer.ff_out.weight.mul_(30.0)  # confident: thresholds bite
+    cfg = SamplerConfig(gen_length=3, block_length=3, steps=3, temperature=1.0, threshold=threshold)
+    prompts = draw_prompts(tb)[:2]
+    with torch.no_grad():
+        exact = diffusion_distribution(model, prompts, tb.vocab, 3, tb.mask_id, rule="threshold" if threshold else
+                                       "low_confidence", threshold=threshold)  # [2, V^3]
+    tokens = torch.tensor(list(itertools.product(range(tb.vocab), repeat=3)))
+    orders = [a for a in itertools.product(range(3), repeat=3) if sorted(set(a)) == list(range(max(a) + 1))]
+    if threshold is None:
+        orders = [a for a in orders if len(set(a)) == 3]  # one token per step
+    completion = tokens.repeat(len(orders), 1)
+    commit = torch.tensor(orders).repeat_interleave(len(tokens), 0)
+    for n in range(2):
+        with torch.no_grad():
+            lp = path_logprob(model, rollout_of(completion, commit, prompts[n:n + 1]), cfg).log_prob
+        marginal = torch.zeros(exact.shape[1], dtype=torch.float64).index_add_(
+            0, sequence_index(completion, tb.vocab), lp.exp())
+        assert float((marginal - exact[n]).abs().max()) < 2e-6, float((marginal - exact[n]).abs().max())
+        assert float(exact[n].max()) > 0.2  # a confident model: the orders' probabilities differ
