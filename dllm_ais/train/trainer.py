@@ -421,9 +421,9 @@ class Trainer:
 
         t2 = time.perf_counter()
         with torch.no_grad():
-            once = backend.token_scale(rollout) is not None  # a trajectory policy: the same replay every iteration
-            logp_ref = None if cfg.grpo.beta == 0 else [self._ref_logp(rollout, s) for s in seeds[:1 if once else None]]
-            logp_ref = logp_ref if logp_ref is None or len(logp_ref) == len(seeds) else logp_ref * len(seeds)
+            once = backend.token_scale(rollout) is not None  # a trajectory policy: one replay serves every iteration
+            logp_ref = [self._ref_logp(rollout, s) for s in (seeds[:1] if once else seeds)] if cfg.grpo.beta else None
+            logp_ref = logp_ref * len(seeds) if once and logp_ref else logp_ref
         if tc.grad_diagnostics_every and step % tc.grad_diagnostics_every == 0:  # θ before this step's update
             self.model.train()
             ref0 = None if logp_ref is None else logp_ref[0]
