@@ -3,12 +3,13 @@ without it, in the fast regime (Fast-dLLM dual cache, threshold 0.9), FP8 and MX
 
     python scripts/bench_trajectory_selection.py [--out benchmarks/trajectory/selection.json]
 
-For each testbed the seed-0 SFT model of the preset (its own warm-up, made here in a temporary run) samples 64
-prompts × G = 8 with the rollout copy; ℓ = log π_old(path) − log μ(path) over every step, μ from the sampler's record,
-π_old replayed two ways: uncached (the mismatch estimator beside the one-step policy, `--policy-logprob one_step`) and
-with the sampler's cache (the trajectory policy's π_old, `--policy-logprob trajectory`). ESS is AIS's R of the
-truncated weights min(e^ℓ, 2). `infeasible` is the fraction of sequences whose path π_old could not have taken
-(a selection term at the floor: a committed token below the threshold under π_old, above it under μ).
+For each testbed the seed-0 SFT model of the preset (its own warm-up, made here in a temporary run), and with
+--trained a trained run's final model, samples 64 prompts × G = 8 with the rollout copy; ℓ = log π_old(path) −
+log μ(path) over every step, μ from the sampler's record, π_old replayed two ways: uncached (the mismatch estimator
+beside the one-step policy, `--policy-logprob one_step`) and with the sampler's cache (the trajectory policy's π_old,
+`--policy-logprob trajectory`). ESS is AIS's R of the truncated weights min(e^ℓ, 2). `infeasible` is the fraction of
+sequences whose path π_old could not have taken (a selection term at the floor: a committed token below the
+threshold under π_old, above it under μ).
 """
 
 from __future__ import annotations
@@ -49,6 +50,19 @@ def _sft_model(preset, work: Path):
     return model, trainer.policy.tokenizer, trainer.policy.use_chat_template
 
 
+def _trained_model(run: Path):
+    """The latest checkpoint of a training run directory (model, tokenizer, chat template on)."""
+    from transformers import AutoTokenizer
+
+    from dllm_ais.train.job import family
+    from dllm_ais.train.run_dir import RunDir
+
+    ckpt = RunDir(run).latest() / "model"
+    tok = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
+    tok.padding_side = "left"
+    return family("llada").load_dir(ckpt, dtype=torch.float32, device="cpu").eval(), tok, True
+
+
 def _copies(model):
     from dllm_ais.fp4.linear import quantize_model as fp4
     from dllm_ais.fp8.linear import quantize_model as fp8
@@ -87,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/trajectory/selection.json")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--presets", default="tiny-cpu,study-cpu-16")
+    ap.add_argument("--trained", default=None, metavar="PRESET=RUN_DIR",
+                    help="also measure a trained model: a run directory of PRESET (its latest checkpoint)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.time()
@@ -95,11 +111,18 @@ def main(argv=None) -> int:
     from dllm_ais.train.job import task_config_kwargs
 
     results = {}
-    for name in args.presets.split(","):
+    models = [(name, None) for name in args.presets.split(",") if name]
+    if args.trained:
+        models.append(tuple(args.trained.split("=", 1)))
+    for name, run in models:
         preset = get_preset(name)
         fast = replace(preset.sampler, cache="dual", threshold=0.9)
-        with tempfile.TemporaryDirectory() as tmp:
-            model, tok, chat = _sft_model(preset, Path(tmp) / "run")
+        if run is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                model, tok, chat = _sft_model(preset, Path(tmp) / "run")
+        else:
+            model, tok, chat = _trained_model(Path(run))
+            name = f"{name} trained ({run})"
         task = get_task(preset.train.task)
         rows = task.load("test", seed=0, limit=args.prompts, **task_config_kwargs(task.load, preset.train.task_config))
         prompts = [r["prompt"] for r in rows for _ in range(preset.grpo.num_generations)]
