@@ -394,7 +394,7 @@ def _device_and_backend_checks(preset) -> None:
     check_device(device)
     tc = preset.train
     if tc.rollout_precision == "fp8" or preset.correction.train_forward == "aligned":
-        from dllm_ais.fp8.linear import check_backend
+        from dllm_ais.fp8.backends import check_backend
 
         try:
             check_backend(tc.fp8_backend, device)

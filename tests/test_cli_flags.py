@@ -95,10 +95,10 @@ def test_conflicting_or_bad_flags_fail_in_one_line_before_torch(tmp_path, flags,
 
 
 def _no_interpreter(monkeypatch):
-    from dllm_ais.fp8 import kernels, linear
+    from dllm_ais.fp8 import backends, kernels
 
     monkeypatch.setattr(kernels, "INTERPRET", False)  # conftest sets TRITON_INTERPRET=1 for the kernel tests
-    linear._unavailable.cache_clear()
+    backends._unavailable.cache_clear()
 
 
 @pytest.mark.parametrize("flags,names", [
@@ -109,7 +109,7 @@ def _no_interpreter(monkeypatch):
 def test_backend_and_device_are_checked_before_the_run_directory(tmp_path, monkeypatch, capsys, flags, names):
     """Before: SFT ran, then the error, leaving a run directory that blocked the rerun (--device cuda: trained on CPU
     and recorded "cuda")."""
-    from dllm_ais.fp8 import linear
+    from dllm_ais.fp8 import backends
 
     _no_interpreter(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -117,7 +117,7 @@ def test_backend_and_device_are_checked_before_the_run_directory(tmp_path, monke
     try:
         assert main(["train", *flags, "--out", str(out)]) == 2
     finally:
-        linear._unavailable.cache_clear()
+        backends._unavailable.cache_clear()
     line = _one_line(capsys.readouterr().err)
     assert all(n in line for n in names), line
     assert not out.exists()
