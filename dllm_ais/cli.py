@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+import dllm_ais
 from dllm_ais.config import CACHE_MODES, PRESETS, get_preset, override
 
 
@@ -446,6 +447,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm-ais", description="GRPO for diffusion LMs with FP8 rollouts and AIS.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {dllm_ais.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     tiny = get_preset(DEFAULT_PRESET)
     p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)",
