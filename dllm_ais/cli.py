@@ -425,16 +425,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     _device_and_backend_checks(preset)
     torch.set_num_threads(threads)
-    done_before = {r.get(STEP) for r in read_metrics(out)} if args.resume else set()
     t0 = time.perf_counter()
     try:
-        run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps,
-                     save_every=args.save_every)
+        trainer = run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps,
+                               save_every=args.save_every, hash_check=not args.no_hash_check)
     except KeyboardInterrupt:
         return 130
     seconds = time.perf_counter() - t0
     all_rows = read_metrics(out)
-    new = [r for r in all_rows if r.get(STEP) not in done_before]
+    new = [r for r in all_rows if r.get(STEP) >= trainer.first_step]  # a resume redoes steps after its checkpoint
+    done_before = trainer.first_step > 0
     rows = [r for r in all_rows if math.isfinite(r.get(REWARD_MEAN, math.nan))]
     q = max(1, len(rows) // 4)
     first = sum(r[REWARD_MEAN] for r in rows[:q]) / q if rows else float("nan")
@@ -495,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "only --steps and --save-every may change (applied and recorded in config.json)")
     run.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0 = at the end and on "
                      "Ctrl-C only)")
+    from dllm_ais.train.run_dir import add_hash_check_argument
+
+    add_hash_check_argument(run)
     run.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb (needs the tensorboard "
                      "extra: pip install 'dllm-ais[tensorboard]')")
     run.add_argument("--grad-diagnostics-every", type=int, default=None, metavar="N", help="every N steps log how "
@@ -515,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("model")
     _add_model_args(model)
     model.add_argument("--run", default=None, help="training run directory: sample its latest checkpoint")
+    add_hash_check_argument(model)
     _add_sampler_args(p.add_argument_group("sampler"))
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few built-in prompts")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the tokenizer's chat template")

@@ -311,13 +311,12 @@ class Trainer:
                 state["master_weights"] = self.master_weights.state_dict()
             return self.run.save_checkpoint(self.step, lambda d: self.policy.save_model(self.master, d), state)
 
-    def resume(self) -> None:
-        ckpt = self.run.latest()
+    def resume(self, ckpt: Path | None) -> None:
+        """Continue from `ckpt` (verified: run_dir.resume_checkpoint); None = no checkpoint yet, start over."""
         if ckpt is None:  # interrupted before its first checkpoint: start over
             if self.acc.is_main_process:
                 M.MetricsWriter(self.run.path).truncate_after(-1)
             return
-        RunDir.verify(ckpt)
         state = RunDir.load_state(ckpt)
         if self.fsdp:  # full tensors in the checkpoint: scatter them into this process's shards
             from dllm_ais.train.fsdp_checkpoint import load_full_optimizer_state, loading_full
@@ -508,7 +507,7 @@ class Trainer:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.tc.steps, initial=self.step, desc="AIS-GRPO", unit="step")
-        written = []
+        written, self.first_step = [], self.step  # first_step: where this call started (after a resume)
         restore = self._install_sigint()
         try:
             while self.step < self.tc.steps:
