@@ -174,7 +174,7 @@ FIELD_FLAGS = {
     "ModelConfig.dtype": "--dtype", "SamplerConfig.gen_length": "--gen-length", "SamplerConfig.block_length":
     "--block-length", "SamplerConfig.temperature": "--temperature", "SamplerConfig.remasking": "--remasking",
     "SamplerConfig.cfg_scale": "--cfg-scale", "CorrectionConfig.correction": "--correction",
-    "TrainConfig.fp4_format": "--fp4-format", "TrainConfig.tensorboard": "--tensorboard",
+    "TrainConfig.fp4_format": "--fp4-format", "TrainConfig.report_to": "--report-to",
     "TrainConfig.grad_diagnostics_every": "--grad-diagnostics-every",
     "CorrectionConfig.correction_level": "--correction-level", "CorrectionConfig.is_cap": "--is-cap",
     "CorrectionConfig.is_cap_min": "--is-cap-min", "CorrectionConfig.band": "--band",
@@ -228,7 +228,7 @@ def _train_preset(args: argparse.Namespace, base=None):
                      rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
                      fp4_format=args.fp4_format,
                      learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
-                     save_every=args.save_every, tensorboard=args.tensorboard or None,
+                     save_every=args.save_every, report_to=_report_to(args.report_to),
                      grad_diagnostics_every=args.grad_diagnostics_every)
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
@@ -236,6 +236,15 @@ def _train_preset(args: argparse.Namespace, base=None):
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
                    sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold),
                    train=train, **_correction_overrides(args, preset))
+
+
+def _report_to(values: list[str] | None) -> list[str] | None:
+    """--report-to's names (duplicates dropped); `none` alone = no tracker; None = the preset's (or the run's)."""
+    if values is None or values == ["none"]:
+        return None if values is None else []
+    if "none" in values:
+        raise ValueError(f"--report-to {' '.join(values)}: 'none' means no tracker; pass it alone, or drop it.")
+    return list(dict.fromkeys(values))
 
 
 def typed_flags(args: argparse.Namespace) -> dict[str, object]:
@@ -293,7 +302,7 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
 
 def _preflight_train(preset, out: str, resume: bool) -> None:
     """Checks that need no torch, run before the heavy imports so bad input fails in well under a second:
-    the run directory, the task and a local --data file, a local --model directory, the tensorboard extra."""
+    the run directory, the task and a local --data file, a local --model directory."""
     from pathlib import Path
 
     run = Path(out)
@@ -308,12 +317,6 @@ def _preflight_train(preset, out: str, resume: bool) -> None:
     if not resume and holds_run:
         raise FileExistsError(f"--out {run} already holds a run; pass --resume to continue it, or choose another "
                               "--out.")
-    if preset.train.tensorboard:
-        import importlib.util
-
-        if importlib.util.find_spec("tensorboard") is None:
-            raise ImportError("--tensorboard needs the tensorboard package: pip install 'dllm-ais[tensorboard]' (or "
-                              "pip install tensorboard), or drop --tensorboard.")
     if resume:
         return  # the run's own config.json decides the rest
     from dllm_ais.tasks.loading import local_format
@@ -407,7 +410,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import math
     import time
 
-    from dllm_ais.train.flags import check_combinations, default_threads, usable_cores
+    from dllm_ais.train.flags import check_combinations, check_trackers, default_threads, usable_cores
 
     typed = typed_flags(args)
     preset = _train_preset(args)  # flags and config validation first: no heavy import yet
@@ -416,6 +419,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         preset = _resume_preset(args, typed, out)
     check_combinations(typed, preset)
+    check_trackers(preset.train.report_to)  # the run's own list on --resume
     threads = args.threads or default_threads(usable_cores())
 
     import torch
@@ -428,7 +432,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         trainer = run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps,
-                               save_every=args.save_every, hash_check=not args.no_hash_check)
+                               save_every=args.save_every, hash_check=not args.no_hash_check,
+                               report_to=_report_to(args.report_to))
     except KeyboardInterrupt:
         return 130
     seconds = time.perf_counter() - t0
@@ -498,8 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
     from dllm_ais.train.run_dir import add_hash_check_argument
 
     add_hash_check_argument(run)
-    run.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb (needs the tensorboard "
-                     "extra: pip install 'dllm-ais[tensorboard]')")
+    from dllm_ais.config import TRACKERS
+
+    run.add_argument("--report-to", nargs="+", default=None, choices=(*TRACKERS, "none"), metavar="TRACKER",
+                     help="also send every step's metrics to these experiment trackers, through accelerate (TRL's "
+                     f"report_to): {', '.join(TRACKERS)}, or none; tensorboard writes <out>/logs (pip install "
+                     "'dllm-ais[tensorboard]'). metrics.jsonl is always written")
     run.add_argument("--grad-diagnostics-every", type=int, default=None, metavar="N", help="every N steps log how "
                      "far the correction moves the policy gradient vs the minibatch noise (grad/*; 3 extra "
                      "forward+backward passes on those steps; one process)")

@@ -46,6 +46,9 @@ def read_run_config(run: str | os.PathLike) -> Preset:
                          "corrupt (restore it, or start a new run).") from None
     if not isinstance(data, dict) or "name" not in data:
         raise ValueError(f"{path}: not a dllm-ais run config (expected an object with 'name', 'model', 'train', ...).")
+    train = data.get("train")
+    if isinstance(train, dict) and "tensorboard" in train:  # a run written before --report-to replaced --tensorboard
+        train.setdefault("report_to", ["tensorboard"] if train.pop("tensorboard") else [])
     try:
         return Preset.from_dict(data)
     except (TypeError, ValueError) as e:
