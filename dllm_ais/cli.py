@@ -372,7 +372,8 @@ def _resume_preset(args: argparse.Namespace, typed: dict[str, object], out: str)
     _, refused = resume_changes(saved, wanted, FIELD_FLAGS)
     if refused:
         raise ValueError(f"--resume continues {out} with its config.json; {', '.join(refused)} cannot change on a "
-                         "resumed run (only --steps and --save-every can): drop them, or start a new run with another "
+                         "resumed run (only --steps, --save-every and --report-to can): drop them, or start a new run "
+                         "with another "
                          "--out.")
     return wanted
 
@@ -496,8 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "epsilon_high", "off_policy_mask_threshold"))
     run = p.add_argument_group("run")
     run.add_argument("--out", default=None, help="run directory (default runs/<preset>-<date>-<time>-<pid>)")
-    run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint; "
-                     "only --steps and --save-every may change (applied and recorded in config.json)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact "
+                     "checkpoint (verified against its manifest); only --steps, --save-every and --report-to may "
+                     "change (applied and recorded in config.json)")
     run.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0 = at the end and on "
                      "Ctrl-C only)")
     from dllm_ais.train.run_dir import add_hash_check_argument
