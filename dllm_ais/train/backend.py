@@ -142,7 +142,7 @@ class AutoregressiveBackend:
     is_causal: bool = True
 
     def _ar_config(self):
-        from dllm_ais.samplers.autoregressive import ARSamplerConfig
+        from dllm_ais.samplers.ar_common import ARSamplerConfig
 
         return ARSamplerConfig(max_new_tokens=self.sampler.gen_length, temperature=self.sampler.temperature)
 
