@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.util
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -96,6 +96,7 @@ class Rows:
 
 
 
+@functools.cache
 def _script(name: str):
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -111,26 +112,8 @@ qs = _script("gpu_quick_summary")  # summary.json / report.md from the rows (a s
 
 
 def time_ms(fn: Callable[[], object], device, warmup: int = 2, repeats: int = 5) -> float:
-    """Median milliseconds of fn() (CUDA events on a GPU, perf_counter elsewhere), after `warmup` calls."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    """Median milliseconds of fn() after `warmup` calls (bench_fp8.timed: CUDA events on a GPU)."""
+    return _script("bench_fp8").timed(fn, device, repeats, warmup) * 1e3
 
 
 def allocated_gib(device) -> float | None:
