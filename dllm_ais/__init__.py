@@ -4,7 +4,3 @@ Importing this package is cheap: no Triton, no transformers, no CUDA initialisat
 """
 
 __version__ = "0.1.0"
-
-from dllm_ais import _moved
-
-_moved.install()  # the pre-0.2 module paths (dllm_ais.grpo, dllm_ais.trainer, ...) still import: see _moved.py

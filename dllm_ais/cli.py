@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+import dllm_ais
 from dllm_ais.config import CACHE_MODES, PRESETS, get_preset, override
 
 
@@ -173,7 +174,7 @@ FIELD_FLAGS = {
     "ModelConfig.dtype": "--dtype", "SamplerConfig.gen_length": "--gen-length", "SamplerConfig.block_length":
     "--block-length", "SamplerConfig.temperature": "--temperature", "SamplerConfig.remasking": "--remasking",
     "SamplerConfig.cfg_scale": "--cfg-scale", "CorrectionConfig.correction": "--correction",
-    "TrainConfig.fp4_format": "--fp4-format", "TrainConfig.tensorboard": "--tensorboard",
+    "TrainConfig.fp4_format": "--fp4-format", "TrainConfig.report_to": "--report-to",
     "TrainConfig.grad_diagnostics_every": "--grad-diagnostics-every",
     "CorrectionConfig.correction_level": "--correction-level", "CorrectionConfig.is_cap": "--is-cap",
     "CorrectionConfig.is_cap_min": "--is-cap-min", "CorrectionConfig.band": "--band",
@@ -229,7 +230,7 @@ def _train_preset(args: argparse.Namespace, base=None):
                      rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
                      fp4_format=args.fp4_format,
                      learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
-                     save_every=args.save_every, tensorboard=args.tensorboard or None,
+                     save_every=args.save_every, report_to=_report_to(args.report_to),
                      grad_diagnostics_every=args.grad_diagnostics_every)
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
@@ -240,6 +241,15 @@ def _train_preset(args: argparse.Namespace, base=None):
                    sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
                                     max_commit_per_step=args.max_commit_per_step),
                    train=train, **_correction_overrides(args, preset))
+
+
+def _report_to(values: list[str] | None) -> list[str] | None:
+    """--report-to's names (duplicates dropped); `none` alone = no tracker; None = the preset's (or the run's)."""
+    if values is None or values == ["none"]:
+        return None if values is None else []
+    if "none" in values:
+        raise ValueError(f"--report-to {' '.join(values)}: 'none' means no tracker; pass it alone, or drop it.")
+    return list(dict.fromkeys(values))
 
 
 def typed_flags(args: argparse.Namespace) -> dict[str, object]:
@@ -305,7 +315,7 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
 
 def _preflight_train(preset, out: str, resume: bool) -> None:
     """Checks that need no torch, run before the heavy imports so bad input fails in well under a second:
-    the run directory, the task and a local --data file, a local --model directory, the tensorboard extra."""
+    the run directory, the task and a local --data file, a local --model directory."""
     from pathlib import Path
 
     run = Path(out)
@@ -320,12 +330,6 @@ def _preflight_train(preset, out: str, resume: bool) -> None:
     if not resume and holds_run:
         raise FileExistsError(f"--out {run} already holds a run; pass --resume to continue it, or choose another "
                               "--out.")
-    if preset.train.tensorboard:
-        import importlib.util
-
-        if importlib.util.find_spec("tensorboard") is None:
-            raise ImportError("--tensorboard needs the tensorboard package: pip install 'dllm-ais[tensorboard]' (or "
-                              "pip install tensorboard), or drop --tensorboard.")
     if resume:
         return  # the run's own config.json decides the rest
     from dllm_ais.tasks.loading import local_format
@@ -381,7 +385,8 @@ def _resume_preset(args: argparse.Namespace, typed: dict[str, object], out: str)
     _, refused = resume_changes(saved, wanted, FIELD_FLAGS)
     if refused:
         raise ValueError(f"--resume continues {out} with its config.json; {', '.join(refused)} cannot change on a "
-                         "resumed run (only --steps and --save-every can): drop them, or start a new run with another "
+                         "resumed run (only --steps, --save-every and --report-to can): drop them, or start a new run "
+                         "with another "
                          "--out.")
     return wanted
 
@@ -407,7 +412,7 @@ def _device_and_backend_checks(preset) -> None:
     check_device(device)
     tc = preset.train
     if tc.rollout_precision == "fp8" or preset.correction.train_forward == "aligned":
-        from dllm_ais.fp8.linear import check_backend
+        from dllm_ais.fp8.backends import check_backend
 
         try:
             check_backend(tc.fp8_backend, device)
@@ -419,7 +424,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import math
     import time
 
-    from dllm_ais.train.flags import check_combinations, default_threads, usable_cores
+    from dllm_ais.train.flags import check_combinations, check_trackers, default_threads, usable_cores
 
     typed = typed_flags(args)
     preset = _train_preset(args)  # flags and config validation first: no heavy import yet
@@ -428,6 +433,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         preset = _resume_preset(args, typed, out)
     check_combinations(typed, preset)
+    check_trackers(preset.train.report_to)  # the run's own list on --resume
     threads = args.threads or default_threads(usable_cores())
 
     import torch
@@ -437,16 +443,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     _device_and_backend_checks(preset)
     torch.set_num_threads(threads)
-    done_before = {r.get(STEP) for r in read_metrics(out)} if args.resume else set()
     t0 = time.perf_counter()
     try:
-        run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps,
-                     save_every=args.save_every)
+        trainer = run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps,
+                               save_every=args.save_every, hash_check=not args.no_hash_check,
+                               report_to=_report_to(args.report_to))
     except KeyboardInterrupt:
         return 130
     seconds = time.perf_counter() - t0
     all_rows = read_metrics(out)
-    new = [r for r in all_rows if r.get(STEP) not in done_before]
+    new = [r for r in all_rows if r.get(STEP) >= trainer.first_step]  # a resume redoes steps after its checkpoint
+    done_before = trainer.first_step > 0
     rows = [r for r in all_rows if math.isfinite(r.get(REWARD_MEAN, math.nan))]
     q = max(1, len(rows) // 4)
     first = sum(r[REWARD_MEAN] for r in rows[:q]) / q if rows else float("nan")
@@ -459,6 +466,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dllm-ais", description="GRPO for diffusion LMs with FP8 rollouts and AIS.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {dllm_ais.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     tiny = get_preset(DEFAULT_PRESET)
     p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)",
@@ -502,12 +510,20 @@ def build_parser() -> argparse.ArgumentParser:
                              "epsilon_high", "off_policy_mask_threshold"))
     run = p.add_argument_group("run")
     run.add_argument("--out", default=None, help="run directory (default runs/<preset>-<date>-<time>-<pid>)")
-    run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint; "
-                     "only --steps and --save-every may change (applied and recorded in config.json)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact "
+                     "checkpoint (verified against its manifest); only --steps, --save-every and --report-to may "
+                     "change (applied and recorded in config.json)")
     run.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0 = at the end and on "
                      "Ctrl-C only)")
-    run.add_argument("--tensorboard", action="store_true", help="also log to <out>/tb (needs the tensorboard "
-                     "extra: pip install 'dllm-ais[tensorboard]')")
+    from dllm_ais.train.run_dir import add_hash_check_argument
+
+    add_hash_check_argument(run)
+    from dllm_ais.config import TRACKERS
+
+    run.add_argument("--report-to", nargs="+", default=None, choices=(*TRACKERS, "none"), metavar="TRACKER",
+                     help="also send every step's metrics to these experiment trackers, through accelerate (TRL's "
+                     f"report_to): {', '.join(TRACKERS)}, or none; tensorboard writes <out>/logs (pip install "
+                     "'dllm-ais[tensorboard]'). metrics.jsonl is always written")
     run.add_argument("--grad-diagnostics-every", type=int, default=None, metavar="N", help="every N steps log how "
                      "far the correction moves the policy gradient vs the minibatch noise (grad/*; 3 extra "
                      "forward+backward passes on those steps; one process)")
@@ -526,6 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("model")
     _add_model_args(model)
     model.add_argument("--run", default=None, help="training run directory: sample its latest checkpoint")
+    add_hash_check_argument(model)
     _add_sampler_args(p.add_argument_group("sampler"))
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few built-in prompts")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the tokenizer's chat template")

@@ -15,6 +15,8 @@ MISMATCH_ESTIMATORS = ("elbo", "trajectory")
 POLICY_LOGPROBS = ("one_step", "trajectory")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 FAMILIES = ("llada", "qwen")
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
+"""accelerate's experiment trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS), the names `report_to` takes."""
 
 
 @dataclass(frozen=True)
@@ -183,8 +185,9 @@ class TrainConfig:
     """Write a checkpoint every this many steps (0 = only at the end and on interruption)."""
     seed: int = 0
     """Seed for data order, rollouts and estimator noise (every random draw derives from it and the step)."""
-    tensorboard: bool = False
-    """Also log to tensorboard under <out>/tb."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers that also get every step's metrics, through accelerate's trackers (TRL's report_to): any of
+    TRACKERS; tensorboard writes <out>/logs/. metrics.jsonl is always written and is the source of truth."""
     grad_diagnostics_every: int = 0
     """Every this many steps (0 = never), measure how far the correction moves the policy gradient against the
     minibatch noise (grad/correction_shift, grad/noise, grad/shift_to_noise; dllm_ais/train/grad_diagnostics.py):
@@ -215,6 +218,10 @@ class TrainConfig:
                              f"{', '.join(POLICY_LOGPROBS)}.")
         if self.trajectory_steps is not None and self.trajectory_steps < 1:
             raise ValueError(f"TrainConfig.trajectory_steps={self.trajectory_steps} must be >= 1 (or None: all).")
+        unknown = [t for t in self.report_to if t not in TRACKERS]
+        if unknown:
+            raise ValueError(f"TrainConfig.report_to {' '.join(unknown)}: unknown tracker; use any of "
+                             f"{', '.join(TRACKERS)}.")
         if self.grad_diagnostics_every and self.prompts_per_step < 2:
             raise ValueError(f"TrainConfig.grad_diagnostics_every needs prompts_per_step >= 2 (the noise estimate "
                              f"splits the batch's prompt groups in two), got {self.prompts_per_step}; raise it or "

@@ -1,4 +1,4 @@
-"""Metric names (DESIGN.md §8) in one place, and the per-step writers: metrics.jsonl and optional tensorboard."""
+"""Metric names (DESIGN.md §8) in one place, and the per-step writer: metrics.jsonl, mirrored to --report-to trackers."""
 
 from __future__ import annotations
 
@@ -152,25 +152,20 @@ def time_key(phase: str) -> str:
 
 
 class MetricsWriter:
-    """Appends one JSON object per step to `metrics.jsonl` (flushed and fsynced) and mirrors to tensorboard."""
+    """Appends one JSON object per step to `metrics.jsonl` (flushed and fsynced), then hands the row to `mirror` (the
+    experiment trackers of --report-to: dllm_ais/train/trackers.py), which only copies it."""
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = False):
+    def __init__(self, run_dir: str | os.PathLike, mirror=None):
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(Path(run_dir) / "tb"))
+        self._mirror = mirror
 
     def write(self, row: dict[str, float]) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")  # NaN/Infinity as Python's json writes and reads them
             f.flush()
             os.fsync(f.fileno())
-        if self._tb is not None:
-            for k, v in row.items():
-                if k != STEP and isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, row[STEP])
+        if self._mirror is not None:
+            self._mirror.log({k: v for k, v in row.items() if k != STEP}, step=row[STEP])
 
     def truncate_after(self, step: int) -> None:
         """Drop rows with step > `step` (rows written after the checkpoint a resumed run starts from)."""
@@ -178,8 +173,8 @@ class MetricsWriter:
         atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in rows if row[STEP] <= step))
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        if self._mirror is not None:
+            self._mirror.finish()
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:

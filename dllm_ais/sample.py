@@ -31,7 +31,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         if args.preset is not None:
             raise ValueError("--preset cannot be combined with --run or a checkpoint directory: the run's config.json "
                              "names its preset.")
-        loaded = load_for_eval(args.model, args.run, None, device=args.device, dtype=args.dtype)
+        loaded = load_for_eval(args.model, args.run, None, device=args.device, dtype=args.dtype,
+                               hash_check=not args.no_hash_check)
         preset, model, tokenizer = loaded.preset, loaded.model, loaded.tokenizer
         model_cfg = preset.model
         print(f"model: {loaded.source}", file=sys.stderr)

@@ -45,7 +45,8 @@ import torch
 from dllm_ais.analysis import bench_env
 from dllm_ais.atomic import atomic_write_text
 from dllm_ais.models.qwen import random_qwen
-from dllm_ais.samplers.autoregressive import ARSamplerConfig, ar_sample
+from dllm_ais.samplers.ar_common import ARSamplerConfig
+from dllm_ais.samplers.autoregressive import ar_sample
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPES = {  # Qwen3-8B (config.json of Qwen/Qwen3-8B) and a tiny stand-in for --smoke

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.util
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -63,33 +63,6 @@ TEST_FILES = {
              "tests/test_sampler_compile.py"],
     "tiny": ["tests/test_fp8_cublas_decisions.py"],
 }  # fmt: skip
-QUICK_KEYS = (
-    "forward_ms_bf16_eager", "forward_ms_bf16_fused_eager", "forward_ms_bf16_compiled_best", "forward_ms_fp8_eager",
-    "forward_ms_fp8_compiled", "fp8_backend", "fp8_vs_bf16_eager", "fp8_vs_bf16_best", "window_ms_bf16",
-    "window_ms_fp8", "window_fp8_vs_bf16", "model_gib_bf16_master", "model_gib_fp8_copy", "peak_gib_bf16_forward",
-    "peak_gib_fp8_forward", "fp8_peak_mem_ratio", "peak_gib_rl_microbatch", "peak_gib_rl_microbatch_checkpointed",
-    "sync_ms", "sync_floor_ms", "sync_vs_floor", "gemm_triton_vs_cublas_min", "gemm_cublas_vs_bf16_min",
-    "cublas_rejected_m", "gpu_tests_passed", "gpu_tests_failed", "predicted", "parts", "device", "torch", "triton",
-    "git_sha",
-)  # fmt: skip
-TARGETS = {  # issue 28's targets, rebased on the static figures: (comparison, bound)
-    "fp8_vs_bf16_eager": (">=", 1.7),
-    "fp8_vs_bf16_best": (">=", 1.3),
-    "window_fp8_vs_bf16": (">=", 1.3),
-    "sync_vs_floor": ("<=", 2.0),
-    "gpu_tests_failed": ("<=", 0),
-}
-PREDICTED = {  # summary key -> key of dllm_ais.plan.predict_quick(gpu) measuring the same thing (its docstring;
-    # its peak_gib_bf16_master / _fp8_copy are whole sampler steps, float64 sampling tail included, not one forward)
-    "forward_ms_bf16_eager": "forward_ms_bf16",
-    "forward_ms_fp8_eager": "forward_ms_fp8",
-    "peak_gib_rl_microbatch": "peak_gib_rl_microbatch",
-    "sync_floor_ms": "sync_ms_floor_linears",
-}
-
-
-PREDICTED_NAMES = {v: k for k, v in PREDICTED.items()}
-NOT_IN_TABLE = {"predicted", "parts", "device", "torch", "triton", "git_sha"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -122,17 +95,8 @@ class Rows:
         print(f"gpu_quick: {section} {metric} = {shown}", flush=True)
 
 
-def read_rows(out: Path) -> list[dict]:
-    path = out / "quick.jsonl"
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill
-            continue
-    return rows
 
-
+@functools.cache
 def _script(name: str):
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -140,31 +104,16 @@ def _script(name: str):
     return module
 
 
+qs = _script("gpu_quick_summary")  # summary.json / report.md from the rows (a sibling script, not a package)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # measuring
 
 
 def time_ms(fn: Callable[[], object], device, warmup: int = 2, repeats: int = 5) -> float:
-    """Median milliseconds of fn() (CUDA events on a GPU, perf_counter elsewhere), after `warmup` calls."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    """Median milliseconds of fn() after `warmup` calls (bench_fp8.timed: CUDA events on a GPU)."""
+    return _script("bench_fp8").timed(fn, device, repeats, warmup) * 1e3
 
 
 def allocated_gib(device) -> float | None:
@@ -365,7 +314,7 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
         bandwidth = bench_fp8.copy_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (1 << 24), repeats=5)
         rows("sync", "copy_bandwidth_GBps", bandwidth / 1e9)
         rows("sync", "sync_floor_ms", moved / bandwidth * 1e3, params=params, bytes_moved=moved)
-        rows("sync", "sync_ms", time_ms(lambda: sync_weights(s.master, copy), dev, warmup=1, repeats=3))
+        rows("sync", "sync_ms", time_ms(lambda c=copy: sync_weights(s.master, c), dev, warmup=1, repeats=3))
         del copy
         _free(dev)
 
@@ -501,184 +450,11 @@ def part_tests(args, rows: Rows, deadline: float) -> None:
             status = "ok" if proc.returncode in (0, 1) else f"pytest exit status {proc.returncode}"
         except subprocess.TimeoutExpired:
             status = "timed out"
-    counts = count_tests(log.read_text())
+    counts = qs.count_tests(log.read_text())
     rows("tests", "gpu_tests_passed", counts["passed"], files=files)
     rows("tests", "gpu_tests_failed", counts["failed"] if status in ("ok", "timed out") else None,
          skipped=counts["skipped"], run_status=status, status="ok" if status == "ok" else "partial")  # fmt: skip
 
-
-def count_tests(log: str) -> dict[str, int]:
-    """passed / failed (FAILED + ERROR) / skipped from pytest -v lines (complete or cut short by a timeout)."""
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    for m in re.finditer(r"^\S+::\S+.*? (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", log, re.MULTILINE):
-        word = m.group(1)
-        counts["passed" if word in ("PASSED", "XFAIL", "XPASS") else "skipped" if word == "SKIPPED" else
-               "failed"] += 1  # fmt: skip
-    return counts
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# summary
-
-
-def _last(rows: list[dict], metric: str):
-    values = [r["value"] for r in rows if r.get("metric") == metric and r.get("status") in ("ok", "partial")]
-    return values[-1] if values else None
-
-
-def _ratio(a, b):
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
-
-
-def predictions(gpu: str | None) -> dict | None:
-    """dllm_ais.plan.predict_quick(gpu) when the plan module is there (None otherwise, or off CUDA)."""
-    if not gpu:
-        return None
-    try:
-        from dllm_ais.plan import predict_quick
-    except ImportError:
-        return None
-    try:
-        return predict_quick(gpu)
-    except Exception as e:  # a prediction must never cost the measurement
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def gpu_kind(device_name: str) -> str | None:
-    """'h100' / 'h200' / 'a100' from a CUDA device name (None for anything else)."""
-    for kind in ("h200", "h100", "a100"):
-        if kind in device_name.lower():
-            return kind
-    return None
-
-
-def summarize(out: Path, env: dict, parts: dict[str, str]) -> dict:
-    """summary.json's dict (QUICK_KEYS exactly) from <out>/quick.jsonl."""
-    rows = read_rows(out)
-    backend = _last(rows, "fp8_backend")
-    fp8_eager = _last(rows, f"forward_ms_fp8_{backend}_eager")
-    fp8_compiled = _last(rows, f"forward_ms_fp8_{backend}_compiled")
-    bf16_eager = _last(rows, "forward_ms_bf16_eager")
-    bf16_fused = _last(rows, "forward_ms_bf16_fused_eager")
-    compiled = [v for v in (_last(rows, "forward_ms_bf16_compiled"), _last(rows, "forward_ms_bf16_fused_compiled"))
-                if v is not None]
-    bf16_all = [v for v in (bf16_eager, bf16_fused, *compiled) if v is not None]
-    fp8_all = [v for v in (fp8_eager, fp8_compiled) if v is not None]
-    windows = {p: [v for v in (_last(rows, f"window_ms_{p}"), _last(rows, f"window_ms_{p}_compiled")) if v]
-               for p in ("bf16", "fp8")}  # fmt: skip
-    master_gib, fp8_gib = _last(rows, "model_gib_bf16_master"), _last(rows, "model_gib_fp8_copy")
-    act_bf16 = _last(rows, "forward_activation_gib_bf16_eager")
-    act_fp8 = _last(rows, f"forward_activation_gib_fp8_{backend}_eager")
-    peak_bf16 = master_gib + act_bf16 if master_gib is not None and act_bf16 is not None else None
-    peak_fp8 = fp8_gib + act_fp8 if fp8_gib is not None and act_fp8 is not None else None
-    gemm = {}
-    for r in rows:
-        if r.get("section") == "gemm" and r.get("status") == "ok" and "shape" in r:
-            gemm.setdefault(json.dumps(r["shape"], sort_keys=True), {})[r["metric"]] = r["value"]
-    tri_vs_cublas = [_ratio(g.get("tflops_fp8_triton_gemm"), g.get("tflops_fp8_cublas_blockwise")) for g in gemm.values()]
-    cublas_vs_bf16 = [_ratio(g.get("tflops_fp8_cublas_blockwise"), g.get("tflops_bf16_matmul")) for g in gemm.values()]
-    tri_vs_cublas = [v for v in tri_vs_cublas if v is not None]
-    cublas_vs_bf16 = [v for v in cublas_vs_bf16 if v is not None]
-    values = {
-        "forward_ms_bf16_eager": bf16_eager,
-        "forward_ms_bf16_fused_eager": bf16_fused,
-        "forward_ms_bf16_compiled_best": min(compiled) if compiled else None,
-        "forward_ms_fp8_eager": fp8_eager,
-        "forward_ms_fp8_compiled": fp8_compiled,
-        "fp8_backend": backend,
-        "fp8_vs_bf16_eager": _ratio(bf16_eager, fp8_eager),
-        "fp8_vs_bf16_best": _ratio(min(bf16_all), min(fp8_all)) if bf16_all and fp8_all and compiled else None,
-        "window_ms_bf16": min(windows["bf16"]) if windows["bf16"] else None,
-        "window_ms_fp8": min(windows["fp8"]) if windows["fp8"] else None,
-        "window_fp8_vs_bf16": _ratio(min(windows["bf16"]), min(windows["fp8"]))
-        if windows["bf16"] and windows["fp8"] else None,
-        "model_gib_bf16_master": master_gib,
-        "model_gib_fp8_copy": fp8_gib,
-        "peak_gib_bf16_forward": peak_bf16,
-        "peak_gib_fp8_forward": peak_fp8,
-        "fp8_peak_mem_ratio": _ratio(peak_fp8, peak_bf16),
-        "peak_gib_rl_microbatch": _last(rows, "peak_gib_rl_microbatch"),
-        "peak_gib_rl_microbatch_checkpointed": _last(rows, "peak_gib_rl_microbatch_checkpointed"),
-        "sync_ms": _last(rows, "sync_ms"),
-        "sync_floor_ms": _last(rows, "sync_floor_ms"),
-        "sync_vs_floor": _ratio(_last(rows, "sync_ms"), _last(rows, "sync_floor_ms")),
-        "gemm_triton_vs_cublas_min": min(tri_vs_cublas) if tri_vs_cublas else None,
-        "gemm_cublas_vs_bf16_min": min(cublas_vs_bf16) if cublas_vs_bf16 else None,
-        "cublas_rejected_m": _last(rows, "cublas_rejected_m"),
-        "gpu_tests_passed": _last(rows, "gpu_tests_passed"),
-        "gpu_tests_failed": _last(rows, "gpu_tests_failed"),
-        "predicted": predictions(gpu_kind(env["device"])),
-        "parts": parts,
-        **env,
-    }
-    return {key: values[key] for key in QUICK_KEYS}
-
-
-def _shown(value) -> str:
-    if value is None:
-        return "not measured"
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def report(summary: dict, out: Path) -> str:
-    lines = [f"# GPU quick check: {summary['device']}", "",
-             f"torch {summary['torch']}, triton {summary['triton']}, git {summary['git_sha']}; FP8 backend "
-             f"{summary['fp8_backend']}. Command: `bash scripts/gpu_check.sh --quick` (scripts/gpu_quick.py).", "",
-             "| key | measured | plan's prediction | target |", "|---|---|---|---|"]  # fmt: skip
-    predicted = summary["predicted"] or {}
-    missed = []
-    for key in (k for k in QUICK_KEYS if k not in NOT_IN_TABLE):
-        value, target = summary[key], TARGETS.get(key)
-        verdict = ""
-        if target is not None:
-            if value is None:
-                verdict = f"{target[0]} {target[1]} (not measured)"
-            else:
-                met = value >= target[1] if target[0] == ">=" else value <= target[1]
-                verdict = f"{target[0]} {target[1]}: {'met' if met else 'NOT met'}"
-                if not met:
-                    missed.append(key)
-        pred = predicted.get(PREDICTED.get(key, ""), None) if isinstance(predicted, dict) else None
-        lines.append(f"| {key} | {_shown(value)} | {_shown(pred) if key in PREDICTED else ''} | {verdict} |")
-    if isinstance(predicted, dict) and isinstance(predicted.get("sources"), dict):
-        lines += ["", f"Predictions: dllm_ais.plan.predict_quick({predicted.get('gpu')!r}), from its model and the rows committed before this run:"]
-        lines += [f"- {PREDICTED_NAMES.get(k, k)}: {note}" for k, note in predicted["sources"].items()]
-    elif isinstance(predicted, dict) and predicted.get("error"):
-        lines += ["", f"Predictions failed: {predicted['error']}"]
-    elif not predicted:
-        lines += ["", "Predictions: none (dllm_ais.plan.predict_quick unavailable or not a known GPU kind)."]
-    lines += ["", "Forward = one sampler step without a cache at [batch 32, canvas 320]: the whole canvas through the "
-              "model, the current 32-token block's logits out (diffusion_sample's call). Window = a dual-cache step: "
-              "[32 × 32] tokens against the cached canvas. best = fastest of eager and compiled rows.", "",
-              "Parts:", ""] + [f"- {name}: {status}" for name, status in summary["parts"].items()]
-    profile = out / "profile_fp8.txt"
-    if profile.is_file():
-        head = "missed targets: " + ", ".join(missed) + "; the profile" if missed else "The profile"
-        lines += ["", f"## {head} of one FP8 forward", "", "```", profile.read_text().rstrip(), "```"]
-    return "\n".join(lines) + "\n"
-
-
-def write_summary(out: Path, env: dict, parts: dict[str, str]) -> dict:
-    from dllm_ais.atomic import atomic_write_text
-
-    summary = summarize(out, env, parts)
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    atomic_write_text(out / "report.md", report(summary, out))
-    return summary
-
-
-def environment(device: str) -> dict:
-    import torch
-
-    from dllm_ais.analysis import bench_env
-
-    sha, dirty = bench_env.git_commit(REPO)
-    return {
-        "device": bench_env.device_name(torch.device(device)),
-        "torch": bench_env.version("torch"),
-        "triton": bench_env.version("triton"),
-        "git_sha": sha + ("+uncommitted" if dirty else ""),  # (a copied tree whose .git is older reads as changed)
-    }
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -688,9 +464,9 @@ def environment(device: str) -> dict:
 def run_parts(args) -> dict:
     """Each part in its own process, under min(its cap, what is left of the budget); summary after each."""
     t_end = time.time() + args.budget_s - SUMMARY_MARGIN_S
-    env = environment(args.device)
+    env = qs.environment(args.device)
     parts: dict[str, str] = {}
-    summary = write_summary(args.out_dir, env, parts)
+    result = qs.write_summary(args.out_dir, env, parts)
     for part in args.parts:
         left = t_end - time.time()
         if left < 10:
@@ -715,8 +491,8 @@ def run_parts(args) -> dict:
                 status = f"killed at its limit (see {part}.log)"
         parts[part] = f"{status} ({time.perf_counter() - t0:.0f} s)"
         print(f"gpu_quick: {part}: {parts[part]}", flush=True)
-        summary = write_summary(args.out_dir, env, parts)
-    return summary
+        result = qs.write_summary(args.out_dir, env, parts)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -752,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.out_dir is None:
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
-        name = re.sub(r"[^a-z0-9]+", "-", environment(args.device)["device"].lower()).strip("-")
+        name = re.sub(r"[^a-z0-9]+", "-", qs.environment(args.device)["device"].lower()).strip("-")
         args.out_dir = REPO / "benchmarks" / "gpu" / f"{name}-{date}-quick"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     summary = run_parts(args)

@@ -65,3 +65,22 @@ def test_train_subcommand_end_to_end(tmp_path, capsys):
     assert (out / "checkpoints" / "step-000003").is_dir()
     assert main(["plot", str(out), "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_version_and_python_dash_m_are_the_same_cli():
+    """`dllm-ais --version` prints the installed distribution's version; `python -m dllm_ais` is the same parser (same
+    version line, same one-line refusal and exit code 2 for an unknown flag)."""
+    from importlib.metadata import version
+
+    import dllm_ais
+
+    assert dllm_ais.__version__ == version("dllm-ais")  # pyproject.toml and __init__.py agree
+    entry = subprocess.run([sys.executable, "-c", "import sys; from dllm_ais.cli import main; sys.exit(main())",
+                            "--version"], capture_output=True, text=True, timeout=120)
+    module = subprocess.run([sys.executable, "-m", "dllm_ais", "--version"], capture_output=True, text=True,
+                            timeout=120)
+    assert entry.returncode == module.returncode == 0
+    assert entry.stdout == module.stdout == f"dllm-ais {dllm_ais.__version__}\n"
+    bad = subprocess.run([sys.executable, "-m", "dllm_ais", "train", "--no-such-flag"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "unrecognized arguments: --no-such-flag" in bad.stderr

@@ -95,10 +95,10 @@ def test_conflicting_or_bad_flags_fail_in_one_line_before_torch(tmp_path, flags,
 
 
 def _no_interpreter(monkeypatch):
-    from dllm_ais.fp8 import kernels, linear
+    from dllm_ais.fp8 import backends, kernels
 
     monkeypatch.setattr(kernels, "INTERPRET", False)  # conftest sets TRITON_INTERPRET=1 for the kernel tests
-    linear._unavailable.cache_clear()
+    backends._unavailable.cache_clear()
 
 
 @pytest.mark.parametrize("flags,names", [
@@ -109,7 +109,7 @@ def _no_interpreter(monkeypatch):
 def test_backend_and_device_are_checked_before_the_run_directory(tmp_path, monkeypatch, capsys, flags, names):
     """Before: SFT ran, then the error, leaving a run directory that blocked the rerun (--device cuda: trained on CPU
     and recorded "cuda")."""
-    from dllm_ais.fp8 import linear
+    from dllm_ais.fp8 import backends
 
     _no_interpreter(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -117,7 +117,7 @@ def test_backend_and_device_are_checked_before_the_run_directory(tmp_path, monke
     try:
         assert main(["train", *flags, "--out", str(out)]) == 2
     finally:
-        linear._unavailable.cache_clear()
+        backends._unavailable.cache_clear()
     line = _one_line(capsys.readouterr().err)
     assert all(n in line for n in names), line
     assert not out.exists()
@@ -128,15 +128,28 @@ def test_backend_and_device_are_checked_before_the_run_directory(tmp_path, monke
         assert not out.exists()
 
 
-def test_tensorboard_without_the_extra_fails_first(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("tracker, pip", [("tensorboard", "'dllm-ais[tensorboard]'"), ("wandb", "wandb"),
+                                          ("comet_ml", "comet-ml")])
+def test_a_tracker_without_its_package_fails_first(tmp_path, monkeypatch, capsys, tracker, pip):
+    """--report-to names each missing package in one line before anything is written, on a new run and on a resume
+    whose config.json lists the tracker."""
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    missing = {tracker, "tensorboardX"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
     out = tmp_path / "run"
-    assert main(["train", "--tensorboard", "--out", str(out)]) == 2
-    assert "--tensorboard needs the tensorboard package" in _one_line(capsys.readouterr().err)
+    assert main(["train", "--report-to", tracker, "--out", str(out)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"--report-to {tracker} needs the {tracker} package: pip install {pip}" in line, line
     assert not out.exists()
+    saved = _saved_run(tmp_path)
+    config = json.loads((saved / "config.json").read_text())
+    config["train"]["report_to"] = [tracker]
+    (saved / "config.json").write_text(json.dumps(config))
+    assert main(["train", "--resume", "--out", str(saved)]) == 2
+    assert f"--report-to {tracker} needs" in _one_line(capsys.readouterr().err)
+    assert sorted(p.name for p in saved.iterdir()) == ["config.json"]
 
 
 def _saved_run(tmp_path) -> Path:

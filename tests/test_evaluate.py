@@ -102,11 +102,12 @@ def test_load_for_eval_model_dir_with_and_without_tokenizer(model, tokenizer, tm
 
 
 def _fake_run(path, preset, write_model):
-    ckpt = path / "checkpoints" / "step-000001"
-    ckpt.mkdir(parents=True)
+    """A run directory with one checkpoint (step-000001, with its manifest) whose model files `write_model` writes."""
+    from dllm_ais.train.run_dir import RunDir
+
+    path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(preset.to_dict()))
-    (path / "checkpoints" / "latest").write_text("step-000001")
-    write_model(ckpt)
+    RunDir(path).save_checkpoint(1, write_model, {"step": 1})
 
 
 def test_load_for_eval_run_dir_full_model_and_missing_checkpoint(model, tmp_path):

@@ -1,5 +1,6 @@
-"""dllm_ais.fp8's modules import downward only (no import cycle, lazy function-level imports included), and the
-names that moved out of fp8/linear.py stay importable from it without importing anything at module import time."""
+"""dllm_ais.fp8's modules import downward only (no import cycle, lazy function-level imports included), each name has
+one path (fp8/linear.py no longer answers for the names that moved out of it), and importing the fp8 modules in any
+order imports no Triton kernel."""
 
 from __future__ import annotations
 
@@ -85,23 +86,27 @@ def test_cycle_finder_finds_a_planted_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
-@pytest.mark.parametrize("name", ["quantize_model", "sync_weights", "BACKENDS", "check_backend", "effective_weight",
-                                  "quantizable_layers", "quantized_copy", "canonical_name", "_linear_layers",
-                                  "_outer_dim_major", "torchao_blockwise_gemm", "_QUANTIZE_INTO", "FP8BackendError",
-                                  "_AUTO_CHOICES", "_copy_memo", "_gemm_cublas"])
-def test_moved_names_still_import_from_linear(name):
+@pytest.mark.parametrize("name, home", [("quantize_model", "quantize"), ("sync_weights", "sync"),
+                                        ("quantized_copy", "walker"), ("linear_layers", "walker"),
+                                        ("torchao_blockwise_gemm", "ops"), ("_AUTO_CHOICES", "backends")])
+def test_moved_names_live_at_one_path_only(name, home):
+    """The lazy re-exports from fp8/linear.py are gone: a name is imported from the module that defines it."""
+    import importlib
+
     from dllm_ais.fp8 import linear
 
-    assert getattr(linear, name) is not None
+    assert getattr(importlib.import_module(f"dllm_ais.fp8.{home}"), name) is not None
+    assert not hasattr(linear, "__getattr__")
     with pytest.raises(AttributeError):
-        linear.no_such_name  # noqa: B018
+        getattr(linear, name)
 
 
 @pytest.mark.parametrize("first", ["linear", "fused_llada", "sync"])
 def test_import_order_does_not_matter(first):
-    """A fresh interpreter that imports one fp8 module first, then the moved names from fp8.linear: no import error
-    (a cycle shows up as a partially initialised module), and our Triton kernels not imported."""
-    code = (f"import sys, dllm_ais.fp8.{first}; from dllm_ais.fp8.linear import quantize_model, sync_weights, "
-            "quantized_copy, BACKENDS; print('dllm_ais.fp8.kernels' in sys.modules)")
+    """A fresh interpreter that imports one fp8 module first, then the others: no import error (a cycle shows up as a
+    partially initialised module), and our Triton kernels not imported."""
+    code = (f"import sys, dllm_ais.fp8.{first}; from dllm_ais.fp8.quantize import quantize_model; "
+            "from dllm_ais.fp8.sync import sync_weights; from dllm_ais.fp8.walker import quantized_copy; "
+            "from dllm_ais.fp8.backends import BACKENDS; print('dllm_ais.fp8.kernels' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"

@@ -1,6 +1,6 @@
 """The package's layout holds: no import cycle among its modules (lazy function-level imports included), layers import
-downward only, no source file over 600 lines, at most 12 top-level modules in dllm_ais/, the repository uses the new
-module paths only, and the 0.1 paths still import (as the very same module objects, with a DeprecationWarning)."""
+downward only, no source file over 600 lines, at most 12 top-level modules in dllm_ais/, and one path per module: the
+0.1 paths (grpo, trainer, ... directly under dllm_ais) neither import nor appear anywhere in the repository."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 # where each importable package's files live (pyproject's package-dir: samplers/, models/, tasks/ sit at the root)
 SOURCES = {"dllm_ais": REPO / "dllm_ais", "dllm_ais.samplers": REPO / "samplers", "dllm_ais.models": REPO / "models",
            "dllm_ais.tasks": REPO / "tasks"}
-BASE = {"dllm_ais", "dllm_ais._moved", "dllm_ais.types", "dllm_ais.config", "dllm_ais.metrics", "dllm_ais.atomic",
+BASE = {"dllm_ais", "dllm_ais.types", "dllm_ais.config", "dllm_ais.metrics", "dllm_ais.atomic",
         "dllm_ais.progress"}  # the shared types, configs and utilities every layer may use
 
 
@@ -124,7 +124,7 @@ def test_no_import_cycle():
 def _layer(name: str) -> str:
     if name in BASE:
         return "base"
-    if name in {"dllm_ais.cli", "dllm_ais.sample"}:
+    if name in {"dllm_ais.cli", "dllm_ais.sample", "dllm_ais.__main__"}:
         return "entry"
     return name.split(".")[1]
 
@@ -148,7 +148,7 @@ def test_layers_import_downward_only(layer, may_import):
 
 def test_nothing_below_the_entry_points_imports_them():
     bad = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps
-                 if _layer(d) == "entry" and m != "dllm_ais.cli")
+                 if _layer(d) == "entry" and m not in {"dllm_ais.cli", "dllm_ais.__main__"})
     assert not bad
 
 
@@ -166,39 +166,36 @@ def test_at_most_twelve_top_level_modules():
     assert {"cli.py", "config.py", "types.py"} <= set(top)
 
 
-def test_the_repository_uses_the_new_paths_only():
-    from dllm_ais._moved import MOVED
+# the 0.1 module names directly under dllm_ais (before it was grouped into rl/, train/, analysis/), and where they live
+OLD = {"advantages": "rl.advantages", "correction": "rl.correction", "error_tokens": "rl.error_tokens", "grpo": "rl.grpo",
+       "mismatch_stats": "rl.mismatch_stats", "rl_config": "rl.config", "backend": "train.backend",
+       "distributed": "train.distributed", "fsdp_checkpoint": "train.fsdp_checkpoint",
+       "fsdp_setup": "train.fsdp_setup", "fsdp_sync": "train.fsdp_sync", "master_weights": "train.master_weights",
+       "rewards": "train.rewards", "run_dir": "train.run_dir", "sft": "train.sft", "train_flags": "train.flags",
+       "train_job": "train.job", "trainer": "train.trainer", "bench_env": "analysis.bench_env",
+       "evaluate": "analysis.evaluate", "plot": "analysis.plot", "study": "analysis.study",
+       "study_plan": "analysis.study_plan", "study_stats": "analysis.study_stats",
+       "variance_cli": "analysis.variance_cli"}
 
-    old = re.compile(rf"\bdllm_ais[./]({'|'.join(MOVED)})\b(?!/)")
-    files = [p for d in ("dllm_ais", "samplers", "models", "tasks", "scripts", "tests", "docs") for p in
+
+def test_the_old_paths_are_gone_and_the_new_ones_exist():
+    assert not (REPO / "dllm_ais" / "_moved.py").exists()
+    assert all(f"dllm_ais.{new}" in MODULES for new in OLD.values())
+    assert not {f"dllm_ais.{old}" for old in OLD} & set(MODULES)
+    code = ("import importlib, dllm_ais\nfor old in %r:\n    try:\n        importlib.import_module('dllm_ais.' + old)\n"
+            "    except ModuleNotFoundError:\n        continue\n    print(old)\n") % sorted(OLD)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == [], out.stdout + out.stderr[-3000:]
+
+
+def test_the_repository_uses_the_new_paths_only():
+    old = re.compile(rf"\bdllm_ais[./]({'|'.join(OLD)})\b(?!/)")
+    files = [p for d in ("dllm_ais", "samplers", "models", "tasks", "scripts", "tests", "docs", "benchmarks") for p in
              (REPO / d).rglob("*") if p.suffix in {".py", ".md", ".sh"}] + [REPO / "README.md"]
-    allowed = {REPO / "dllm_ais" / "_moved.py", REPO / "dllm_ais" / "__init__.py", Path(__file__).resolve()}
-    hits = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in files if p not in allowed
+    hits = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in files if p != Path(__file__).resolve()
             for m in old.finditer(p.read_text())]
     assert not hits
-
-
-def test_old_paths_import_the_same_modules_with_a_warning():
-    code = """
-import importlib, sys, warnings
-import dllm_ais
-from dllm_ais._moved import MOVED
-for old, new in MOVED.items():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(f"dllm_ais.{old}")
-    real = importlib.import_module(f"dllm_ais.{new}")
-    assert module is real, old
-    assert real.__spec__.name == f"dllm_ais.{new}", real.__spec__.name
-    assert any(issubclass(w.category, DeprecationWarning) and f"dllm_ais.{new}" in str(w.message) for w in caught), old
-from dllm_ais import grpo, rl_config
-from dllm_ais.rl import grpo as grpo_new
-assert grpo is grpo_new and rl_config.CorrectionConfig is importlib.import_module("dllm_ais.rl.config").CorrectionConfig
-print(len(MOVED))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert int(out.stdout.split()[-1]) >= 25
+    assert "_moved" not in (REPO / "dllm_ais" / "__init__.py").read_text()
 
 
 def test_an_unknown_name_still_fails_to_import():

@@ -57,7 +57,7 @@ def sampler_record(model, rollout, cfg):
 
 
 def _fp8(model):
-    from dllm_ais.fp8.linear import quantize_model
+    from dllm_ais.fp8.quantize import quantize_model
 
     return quantize_model(model, backend="torch")
 

@@ -46,11 +46,15 @@ def _random_batch(seed: int, b: int = 6, l: int = 7, scale: float = 0.6):
     return old, roll, train, adv, mask
 
 
-def _masked_mean(x, mask, dim=None):  # verl_F.masked_mean: sum(x·m) / sum(m)
+def _masked_mean(x, mask, dim=None, eps=0.0):
+    """verl_F.masked_mean: sum(x·m) / (sum(m) + 1e-8). eps = 0 here (an exact mean, so the differentials hold to 1e-12
+    on rows that all have tokens); eps = 1e-8 reproduces verl on an empty row too (0 / 1e-8 = 0: see
+    test_parity_empty_rows.py)."""
     m = mask.to(x.dtype)
+    x = torch.where(mask.bool(), x, 0)
     if dim is None:
-        return (x * m).sum() / m.sum()
-    return (x * m).sum(dim) / m.sum(dim)
+        return (x * m).sum() / (m.sum() + eps)
+    return (x * m).sum(dim) / (m.sum(dim) + eps)
 
 
 # =========================================================================================== item 8: TIS and C_min
@@ -144,7 +148,7 @@ def test_normalisation_with_rejection(rejected, want):
     torch.testing.assert_close(out.omega, _t([want]))
 
 
-def _verl_is_weights(log_ratio, mask, level, threshold, normalize):
+def _verl_is_weights(log_ratio, mask, level, threshold, normalize, eps=0.0):
     """rollout_corr_helper.compute_rollout_correction_weights (b178a3c): weights × mask, clamp(max), normalise."""
     if level == "token":
         w = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
@@ -154,9 +158,9 @@ def _verl_is_weights(log_ratio, mask, level, threshold, normalize):
     w = (w * mask).clamp(max=threshold)
     if normalize:
         if level == "token":
-            mean = _masked_mean(w, mask)
+            mean = _masked_mean(w, mask, eps=eps)
         else:
-            seq_w = _masked_mean(w, mask, dim=-1)
+            seq_w = _masked_mean(w, mask, dim=-1, eps=eps)
             seq_mask = (mask.sum(-1) > 0).to(w.dtype)
             mean = (seq_w * seq_mask).sum() / seq_mask.sum().clamp_min(1e-8)
         if mean > 1e-8:
@@ -278,14 +282,14 @@ def test_k3_rejection_uses_the_clamped_ratio_like_the_logged_k3():
     assert not reject_keep(lr, mask, "k3", "token", 4e8).any()
 
 
-def _verl_offpolicy_metrics(old, roll, mask):
+def _verl_offpolicy_metrics(old, roll, mask, eps=0.0):
     """rollout_corr_helper.compute_offpolicy_metrics (b178a3c)."""
-    mean_old = _masked_mean(old, mask, dim=-1)
-    mean_roll = _masked_mean(roll, mask, dim=-1)
+    mean_old = _masked_mean(old, mask, dim=-1, eps=eps)
+    mean_roll = _masked_mean(roll, mask, dim=-1, eps=eps)
     log_ratio = old - roll
     diff = mean_roll - mean_old
     rho = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
-    seq = torch.clamp((log_ratio * mask).sum(-1), -SAFETY_BOUND, SAFETY_BOUND)
+    seq = torch.clamp(torch.where(mask, log_ratio, 0).sum(-1), -SAFETY_BOUND, SAFETY_BOUND)
     return {
         "ppl_train": torch.exp(-mean_old).mean(), "log_ppl_train": (-mean_old).mean(),
         "kl_token": _masked_mean(roll - old, mask),
@@ -308,20 +312,24 @@ def test_verl_offpolicy_metrics_differential(seed):
 
 
 def _verl_is_metrics(log_ratio, mask, level, threshold):
-    """rollout_corr_helper.compute_is_metrics on the weights before truncation (b178a3c): mean, std, min, max, ESS."""
+    """rollout_corr_helper.compute_is_metrics on the weights before truncation (b178a3c): mean, std, min, max, ESS,
+    fraction above the threshold (a sequence-level sum counts every row, an empty one as log-ratio 0)."""
     if level == "token":
         w = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)) * mask
         wmax = w.masked_fill(~mask, float("-inf")).max()
         wmin = w.masked_fill(~mask, float("inf")).min()
+        high = _masked_mean((w > threshold).to(D), mask)
     else:
-        s = (log_ratio * mask).sum(-1, keepdim=True)
+        s = torch.where(mask, log_ratio, 0).sum(-1, keepdim=True)
         w = torch.exp(torch.clamp(s, -SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio) * mask
         wmax, wmin = torch.exp(torch.clamp(s.max(), max=SAFETY_BOUND)), torch.exp(s.min())
+        high = (s > math.log(threshold)).to(D).mean()
     c = w.clamp(min=1 / threshold, max=threshold)
     mean_c = _masked_mean(c, mask)
     std = torch.sqrt(torch.clamp(_masked_mean(c.square(), mask) - mean_c.square(), min=0.0))
     ess = 1.0 / _masked_mean((c / (mean_c + 1e-8)).square(), mask)
-    return {"is_mean": _masked_mean(w, mask), "is_std": std, "is_min": wmin, "is_max": wmax, "ess_verl": ess}
+    return {"is_mean": _masked_mean(w, mask), "is_std": std, "is_min": wmin, "is_max": wmax, "ess_verl": ess,
+            "frac_above": high}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

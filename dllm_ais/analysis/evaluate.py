@@ -338,11 +338,25 @@ def _load_dir(model_dir: Path, preset: Preset):
     return model, _tokenizer_for(model_dir, preset, model)
 
 
-def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path | None = None) -> EvalModel:
-    """A training run's checkpoint (`ckpt`, default its latest): model/ directly, or the run's base model + adapter/
-    merged."""
+def _verify_for_load(run: RunDir, ckpt: Path, hash_check: bool) -> None:
+    """The checkpoint's manifest, for the files a load reads (model/ or adapter/; sizes of all): a mismatch is one
+    CheckpointCorrupt naming the file and the older checkpoints one could load instead."""
+    from dllm_ais.train.run_dir import CheckpointCorrupt, RunDir
+
+    try:
+        RunDir.verify(ckpt, hash_check, hash_only=("model/", "adapter/"))
+    except CheckpointCorrupt as e:
+        older = [p for p in run.step_dirs() if int(p.name[5:]) < int(ckpt.name[5:])] if ckpt.name[5:].isdigit() else []
+        hint = f" An older checkpoint to try: --model {older[0]}." if older else ""
+        raise CheckpointCorrupt(f"{e}{hint} Restore the file, or retrain.") from None
+
+
+def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path | None = None,
+              hash_check: bool = True) -> EvalModel:
+    """A training run's checkpoint (`ckpt`, default its latest), verified against its manifest: model/ directly, or
+    the run's base model + adapter/ merged."""
     from dllm_ais.train.job import SFT_DIR, family
-    from dllm_ais.train.run_dir import MANIFEST, RunDir, read_run_config
+    from dllm_ais.train.run_dir import RunDir, read_run_config
 
     run = RunDir(run_path)
     if not run.config_file.is_file():
@@ -354,8 +368,7 @@ def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path 
         hint = f" or evaluate its SFT model with --model {run_path / SFT_DIR}" if (run_path / SFT_DIR).is_dir() else ""
         raise FileNotFoundError(f"--run {run_path}: the run has no checkpoint yet (no checkpoints/latest); wait for "
                                 f"its first save (train.save_every){hint}.")
-    if (ckpt / MANIFEST).is_file():
-        RunDir.verify(ckpt)
+    _verify_for_load(run, ckpt, hash_check)
     if (ckpt / "model").is_dir():
         model, tokenizer = _load_dir(ckpt / "model", preset)
     elif (ckpt / "adapter").is_dir():
@@ -376,26 +389,27 @@ def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path 
 
 def load_for_eval(model_dir: str | os.PathLike | None = None, run_dir: str | os.PathLike | None = None,
                   preset: str | Preset | None = None, *, device: str | None = None,
-                  dtype: str | None = None) -> EvalModel:
+                  dtype: str | None = None, hash_check: bool = True) -> EvalModel:
     """Resolve the model to evaluate.
 
     model_dir: an official-layout LLaDA directory (a checkpoint's model/, a run's sft/, a downloaded checkpoint;
     a hub id is fetched); its tokenizer is read from it, else the preset's. run_dir: a training run (its config.json
     gives the preset; its latest checkpoint's model/, or base model + adapter/ merged for LoRA runs). Neither: the
-    preset's model (the tiny built-in one by default). device/dtype override the preset's.
+    preset's model (the tiny built-in one by default). device/dtype override the preset's. A run's checkpoint is
+    verified against its manifest first (sizes; sha256 of model/ or adapter/ unless hash_check is False).
     """
     if model_dir is not None and run_dir is not None:
         raise ValueError("pass either --model DIR or --run RUN_DIR, not both.")
     if run_dir is not None:
         if preset is not None:
             raise ValueError("--preset cannot be combined with --run: the run's config.json names its preset.")
-        return _load_run(Path(run_dir), device, dtype)
+        return _load_run(Path(run_dir), device, dtype, hash_check=hash_check)
     if model_dir is not None and (Path(model_dir) / "trainer_state.pt").is_file():  # <run>/checkpoints/step-N
         if preset is not None:
             raise ValueError("--preset cannot be combined with a checkpoint directory: its run's config.json names "
                              "the preset.")
         step_dir = Path(model_dir)
-        return _load_run(step_dir.parent.parent, device, dtype, ckpt=step_dir)
+        return _load_run(step_dir.parent.parent, device, dtype, ckpt=step_dir, hash_check=hash_check)
     preset = get_preset(preset or "tiny-cpu") if not isinstance(preset, Preset) else preset
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
     if model_dir is None:
@@ -437,6 +451,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         "<run>/sft, a downloaded checkpoint (LLaDA official layout; Qwen with a qwen preset) or a "
                         "hub id")
     parser.add_argument("--run", default=None, help="training run directory: evaluate its latest checkpoint")
+    from dllm_ais.train.run_dir import add_hash_check_argument
+
+    add_hash_check_argument(parser)
     parser.add_argument("--task", default=None, help="task name (default: the preset's/run's training task)")
     parser.add_argument("--split", default="test", help="split to evaluate (default test)")
     parser.add_argument("--data-path", default=None, help="local jsonl/parquet file for the split (offline)")
@@ -487,7 +504,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return cmd_score_file(args)
     check_device(args.device)
     try:
-        loaded = load_for_eval(args.model, args.run, args.preset, device=args.device, dtype=args.dtype)
+        loaded = load_for_eval(args.model, args.run, args.preset, device=args.device, dtype=args.dtype,
+                               hash_check=not args.no_hash_check)
     except CheckpointCorrupt as e:
         raise ValueError(str(e)) from e
     preset = loaded.preset

@@ -175,7 +175,7 @@ def rollout_copy(model, precision: str):
     if precision == "bf16":
         return model
     if precision == "fp8":
-        from dllm_ais.fp8.linear import quantize_model
+        from dllm_ais.fp8.quantize import quantize_model
 
         return quantize_model(model, backend="torch")
     if precision in ("nvfp4", "mxfp4"):

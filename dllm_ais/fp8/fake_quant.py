@@ -43,7 +43,7 @@ FAKE_QUANT = {
     "block": (_fq_block_act, _fq_block_weight),
     "row": (_fq_row, _fq_row),
 }
-"""scheme -> (activation fake-quant, weight fake-quant); the scheme of a backend is linear.BACKENDS[name].scheme."""
+"""scheme -> (activation fake-quant, weight fake-quant); the scheme of a backend is backends.BACKENDS[name].scheme."""
 
 
 class _StraightThrough(torch.autograd.Function):

@@ -9,14 +9,10 @@ multiplies is its backend (fp8/backends.py), chosen once by name.
 Layer shapes: in_features and out_features must be multiples of 16 for every backend (torch._scaled_mm's requirement,
 and 16-byte-aligned fp8 rows for the GEMMs), so the set of quantisable layers does not depend on the backend. Ragged
 multiples of 16 (not of 128) are fine: the 128-blocks use masked tails (see quant.py).
-
-This module used to hold the backends, the model walker, quantize_model and sync_weights as well; those names are
-still reachable from here (a lazy module `__getattr__`, so importing this module imports nothing above it).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 import torch
@@ -230,45 +226,3 @@ def backend_choices(rollout: nn.Module) -> dict[str, str]:
     resolved, so each shape runs one concrete backend): small enough for a run's config / metrics. Empty without FP8
     layers."""
     return {f"{m.out_features}x{m.in_features}": m.backend for m in rollout.modules() if isinstance(m, FP8Linear)}
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# names that moved out of this module, still importable from it (lazily: no import cycle)
-
-_MOVED = {
-    "backends": ("BACKENDS", "Backend", "FP8BackendError", "AUTO_CANDIDATES", "auto_choices", "clear_auto_choices",
-                 "available_backends", "check_backend", "unavailable_reason", "cublas_fallbacks", "default_backend",
-                 "pick_auto", "_unavailable", "_auto_pick", "_cublas_fits"),
-    "walker": ("canonical_name", "effective_weight", "quantizable_layers", "quantized_copy"),
-    "quantize": ("quantize_model",),
-    "sync": ("sync_weights",),
-    "ops": ("torchao_blockwise_gemm",),
-}
-_RENAMED = {  # old private name -> (module, new name)
-    "_outer_dim_major": ("backends", "outer_dim_major"),
-    "_quantize_act_block": ("backends", "quantize_act_block"),
-    "_m_bucket": ("backends", "m_bucket"),
-    "_linear_layers": ("walker", "linear_layers"),
-    "_is_lora_layer": ("walker", "is_lora_layer"),
-    "_is_linear": ("walker", "is_linear"),
-    "_is_peft_root": ("walker", "is_peft_root"),
-    "_named_tensors": ("walker", "named_tensors"),
-    "_base_linear": ("walker", "base_linear"),
-    "_QUANTIZE_INTO": (__name__.rpartition(".")[2], "QUANTIZE_INTO"),
-}
-_WHERE = {name: (module, name) for module, names in _MOVED.items() for name in names} | _RENAMED
-
-
-def __getattr__(name: str):
-    """`from dllm_ais.fp8.linear import quantize_model` (and the other moved names) keeps working."""
-    if name in _WHERE:
-        module, attr = _WHERE[name]
-        return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
-    for module in ("backends", "walker", "quantize", "sync"):  # any other name that moved (private ones included)
-        found = getattr(importlib.import_module(f"{__package__}.{module}"), name, _MISSING)
-        if found is not _MISSING:
-            return found
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MISSING = object()

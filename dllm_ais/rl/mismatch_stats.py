@@ -127,7 +127,8 @@ def rollout_diagnostics(logp_old: torch.Tensor, logp_rollout: torch.Tensor, mask
       log_ppl_train = mean_i (−mean_t logp_old_it)          log_ppl_rollout = mean_i (−mean_t logp_rollout_it)
       log_ppl_abs_diff = mean_i |mean_t ℓ_it|                log_ppl_diff_max / _min = max_i / min_i (−mean_t ℓ_it)
       ppl_ratio   = mean_i exp(−mean_t ℓ_it)                  (= mean_i ppl_train_i / ppl_rollout_i)
-    (verl's compute_offpolicy_metrics, under our names.) All 0-dim, detached.
+    (verl's compute_offpolicy_metrics, under our names; verl counts a row without tokens as ℓ = 0, we leave it out:
+    docs/corrections.md §8b.) All 0-dim, detached.
     """
     valid = mask.bool()
     seq_valid = valid.any(-1)  # [B]

@@ -230,7 +230,7 @@ class AutoregressiveBackend:
         return {}
 
     def _ar_config(self):
-        from dllm_ais.samplers.autoregressive import ARSamplerConfig
+        from dllm_ais.samplers.ar_common import ARSamplerConfig
 
         return ARSamplerConfig(max_new_tokens=self.sampler.gen_length, temperature=self.sampler.temperature)
 

@@ -40,9 +40,24 @@ NO_MISMATCH_FLAGS = ("--correction", "--ais-target", "--ais-tau", "--ais-ema", "
                      "--is-cap-min", "--band")
 """Flags that only shape the mismatch weights w = π_old/μ, which are all 1 when the rollouts are the BF16 master."""
 
-RESUME_CHANGEABLE = ("--steps", "--save-every", "--threads", "--no-progress", "--out", "--resume")
-"""Flags `--resume` applies: --steps and --save-every are applied and recorded in config.json; --threads and
---no-progress do not belong to the run. Every other flag must repeat the run's value (or be left out)."""
+RESUME_CHANGEABLE = ("--steps", "--save-every", "--report-to", "--threads", "--no-progress", "--out", "--resume")
+"""Flags `--resume` applies: --steps, --save-every and --report-to are applied and recorded in config.json; --threads
+and --no-progress do not belong to the run. Every other flag must repeat the run's value (or be left out)."""
+
+TRACKER_PACKAGES = {"tensorboard": "'dllm-ais[tensorboard]'", "comet_ml": "comet-ml"}
+"""pip name of a tracker's package where it is not the tracker's own name."""
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Refuse (one ImportError line) a --report-to tracker whose package is not installed, before anything is
+    written; the import name is the tracker's (accelerate's own availability check), without importing it."""
+    import importlib.util
+
+    for name in report_to:
+        if importlib.util.find_spec(name) is None and not (name == "tensorboard" and importlib.util.find_spec(
+                "tensorboardX")):
+            raise ImportError(f"--report-to {name} needs the {name} package: pip install "
+                              f"{TRACKER_PACKAGES.get(name, name)}, or drop {name} from --report-to.")
 
 
 def check_combinations(typed: dict[str, object], preset: Preset) -> None:

@@ -13,7 +13,8 @@ import torch
 from dllm_ais.config import Preset
 from dllm_ais.train import grad_diagnostics
 from dllm_ais.train.backend import DiffusionBackend
-from dllm_ais.train.run_dir import RunDir
+from dllm_ais.train.flags import check_trackers
+from dllm_ais.train.run_dir import RunDir, resume_checkpoint
 from dllm_ais.train.trainer import Policy, Trainer
 
 SFT_DIR = "sft"
@@ -188,11 +189,14 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
 
 
 def run_training(preset: Preset, out: str | Path, resume: bool = False, progress: bool = True,
-                 steps: int | None = None, save_every: int | None = None) -> Trainer:
+                 steps: int | None = None, save_every: int | None = None, hash_check: bool = True,
+                 report_to: list[str] | None = None) -> Trainer:
     """Create/resume the run in `out` and train to the end; returns the finished Trainer.
 
-    A resumed run uses the configuration saved in `out`; `steps` / `save_every` (if given) change it, and the change
-    is recorded in config.json (the CLI refuses every other flag on resume: dllm_ais/train/flags.py).
+    A resumed run uses the configuration saved in `out`; `steps` / `save_every` / `report_to` (if given) change it,
+    and the change is recorded in config.json (the CLI refuses every other flag on resume: dllm_ais/train/flags.py).
+    It continues from the newest checkpoint that matches its manifest (sha256 too unless `hash_check` is False): see
+    run_dir.resume_checkpoint.
     """
     from accelerate import PartialState
 
@@ -208,12 +212,16 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         preset = replace(preset, train=replace(preset.train, steps=steps))
     if save_every is not None:
         preset = replace(preset, train=replace(preset.train, save_every=save_every))
+    if report_to is not None:
+        preset = replace(preset, train=replace(preset.train, report_to=list(report_to)))
     check_fsdp(preset)  # what this preset cannot train under accelerate's FSDP settings: refused before any write
     if preset.train.grad_diagnostics_every and state.num_processes > 1:
         raise ValueError(grad_diagnostics.ONE_PROCESS)
     task, rows, reward = task_rows_and_reward(preset)  # bad task/data fails before the run dir is touched
+    check_trackers(preset.train.report_to)  # so does a tracker whose package is missing
     if not resume:
         check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind
+    ckpt = resume_checkpoint(run, state, hash_check) if resume else None  # no intact one: refused before any write
     state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
     if state.is_main_process:
         preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
@@ -223,6 +231,6 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         policy = build_policy(preset, run, task.use_chat_template, progress and state.is_main_process)
     trainer = Trainer(preset, policy, run, reward, rows, progress=progress)
     if resume:
-        trainer.resume()
+        trainer.resume(ckpt)
     trainer.fit()
     return trainer

@@ -25,7 +25,7 @@ from dllm_ais.rl.correction import CorrectionOutput, rejected_loss_mask
 from dllm_ais.rl.error_tokens import error_keep, repeated_ngram_fraction
 from dllm_ais.rl.grpo import grpo_loss
 from dllm_ais.rl.mismatch_stats import k1, masked_mean, rollout_diagnostics
-from dllm_ais.train import fsdp_setup, grad_diagnostics
+from dllm_ais.train import fsdp_setup, grad_diagnostics, trackers
 from dllm_ais.train.backend import Backend
 from dllm_ais.train.distributed import correct_global, gather_rows, global_sum
 from dllm_ais.train.interrupt import install_sigint
@@ -130,7 +130,8 @@ class Trainer:
         self.reward_fn = reward_fn if isinstance(reward_fn, RewardSet) else RewardSet([reward_fn])
         self.rows = rows
         self.progress = progress
-        self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu")
+        self.acc = accelerator or Accelerator(cpu=preset.model.device == "cpu",
+                                              **trackers.accelerator_kwargs(preset.train.report_to, run.path))
         self.fsdp = self.acc.distributed_type == DistributedType.FSDP
         if self.fsdp:  # run_training refused these from the launch's environment; a Trainer built directly too
             reason = fsdp_setup.fsdp_refusals(preset, 2 if getattr(self.acc, "is_fsdp2", False) else 1)
@@ -327,13 +328,12 @@ class Trainer:
                 state["master_weights"] = self.master_weights.state_dict()
             return self.run.save_checkpoint(self.step, lambda d: self.policy.save_model(self.master, d), state)
 
-    def resume(self) -> None:
-        ckpt = self.run.latest()
+    def resume(self, ckpt: Path | None) -> None:
+        """Continue from `ckpt` (verified: run_dir.resume_checkpoint); None = no checkpoint yet, start over."""
         if ckpt is None:  # interrupted before its first checkpoint: start over
             if self.acc.is_main_process:
                 M.MetricsWriter(self.run.path).truncate_after(-1)
             return
-        RunDir.verify(ckpt)
         state = RunDir.load_state(ckpt)
         if self.fsdp:  # full tensors in the checkpoint: scatter them into this process's shards
             from dllm_ais.train.fsdp_checkpoint import load_full_optimizer_state, loading_full
@@ -523,13 +523,14 @@ class Trainer:
         (or any KeyboardInterrupt mid-step) stops at once, writing a checkpoint only if no update of the step has
         happened yet — a checkpoint is always a step boundary, so --resume reproduces the uninterrupted run.
         """
-        writer = M.MetricsWriter(self.run.path, tensorboard=self.tc.tensorboard) if self.acc.is_main_process else None
+        main = self.acc.is_main_process
+        writer = M.MetricsWriter(self.run.path, trackers.start(self.acc, self.cfg, self.run.path)) if main else None
         bar = None
-        if self.progress and self.acc.is_main_process:
+        if self.progress and main:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.tc.steps, initial=self.step, desc="AIS-GRPO", unit="step")
-        written = []
+        written, self.first_step = [], self.step  # first_step: where this call started (after a resume)
         restore = install_sigint(lambda: self._stop_requested, lambda: setattr(self, "_stop_requested", True))
         try:
             while self.step < self.tc.steps:
