@@ -234,9 +234,9 @@ def _train_preset(args: argparse.Namespace, base=None):
                      grad_diagnostics_every=args.grad_diagnostics_every)
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
-    selection = None if args.trajectory_selection is None else args.trajectory_selection == "on"
     train = override(train, mismatch_estimator=args.mismatch_estimator, trajectory_steps=args.trajectory_steps,
-                     policy_logprob=args.policy_logprob, trajectory_selection=selection)
+                     policy_logprob=args.policy_logprob, trajectory_selection=(
+                         None if args.trajectory_selection is None else args.trajectory_selection == "on"))
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
                    sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
                                     max_commit_per_step=args.max_commit_per_step),
@@ -279,14 +279,11 @@ def _add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectory-steps", type=int, default=None, metavar="K",
                    help="trajectory: replay K random denoising steps per sequence (Horvitz-Thompson scaled; "
                    "default all)")
-    p.add_argument("--policy-logprob", default=None, choices=POLICY_LOGPROBS,
-                   help="log pi in the GRPO ratio and KL: one_step (d1: all completion tokens masked, one forward) "
-                   "or trajectory (replay of the sampled denoising path under theta, cache and threshold included)")
-    p.add_argument("--trajectory-selection", default=None, choices=["on", "off"],
-                   help="trajectory likelihoods (policy and mismatch) include which positions each step committed "
-                   "(the selection term)")
-    p.add_argument("--max-commit-per-step", type=int, default=None, metavar="N",
-                   help="threshold decoding: commit at most N tokens per step (needs --threshold)")
+    p.add_argument("--policy-logprob", default=None, choices=POLICY_LOGPROBS, help="log pi of the GRPO ratio and KL: "
+                   "one_step (d1) or trajectory (the sampled denoising path replayed under theta, cache included)")
+    p.add_argument("--trajectory-selection", default=None, choices=["on", "off"], help="add the selection term")
+    p.add_argument("--max-commit-per-step", type=int, default=None, metavar="N", help="threshold decoding: commit "
+                   "at most N tokens per step (needs --threshold)")
 
 
 def _correction_overrides(args: argparse.Namespace, preset) -> dict:
