@@ -65,7 +65,7 @@ def _trained_model(run: Path):
 
 def _copies(model):
     from dllm_ais.fp4.linear import quantize_model as fp4
-    from dllm_ais.fp8.linear import quantize_model as fp8
+    from dllm_ais.fp8.quantize import quantize_model as fp8
 
     return {"fp8": fp8(model, backend="torch"), "mxfp4": fp4(model, fmt="mxfp4")}
 
