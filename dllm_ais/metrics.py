@@ -1,4 +1,5 @@
-"""Metric names (DESIGN.md §8) in one place, and the per-step writer: metrics.jsonl, mirrored to --report-to trackers."""
+"""Metric names (DESIGN.md §8) in one place, and the per-step writer: metrics.jsonl, mirrored to --report-to
+trackers."""
 
 from __future__ import annotations
 

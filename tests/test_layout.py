@@ -167,8 +167,8 @@ def test_at_most_twelve_top_level_modules():
 
 
 # the 0.1 module names directly under dllm_ais (before it was grouped into rl/, train/, analysis/), and where they live
-OLD = {"advantages": "rl.advantages", "correction": "rl.correction", "error_tokens": "rl.error_tokens", "grpo": "rl.grpo",
-       "mismatch_stats": "rl.mismatch_stats", "rl_config": "rl.config", "backend": "train.backend",
+OLD = {"advantages": "rl.advantages", "correction": "rl.correction", "error_tokens": "rl.error_tokens",
+       "grpo": "rl.grpo", "mismatch_stats": "rl.mismatch_stats", "rl_config": "rl.config", "backend": "train.backend",
        "distributed": "train.distributed", "fsdp_checkpoint": "train.fsdp_checkpoint",
        "fsdp_setup": "train.fsdp_setup", "fsdp_sync": "train.fsdp_sync", "master_weights": "train.master_weights",
        "rewards": "train.rewards", "run_dir": "train.run_dir", "sft": "train.sft", "train_flags": "train.flags",
@@ -182,8 +182,9 @@ def test_the_old_paths_are_gone_and_the_new_ones_exist():
     assert not (REPO / "dllm_ais" / "_moved.py").exists()
     assert all(f"dllm_ais.{new}" in MODULES for new in OLD.values())
     assert not {f"dllm_ais.{old}" for old in OLD} & set(MODULES)
-    code = ("import importlib, dllm_ais\nfor old in %r:\n    try:\n        importlib.import_module('dllm_ais.' + old)\n"
-            "    except ModuleNotFoundError:\n        continue\n    print(old)\n") % sorted(OLD)
+    code = (f"import importlib, dllm_ais\nfor old in {sorted(OLD)!r}:\n    try:\n"
+            "        importlib.import_module('dllm_ais.' + old)\n    except ModuleNotFoundError:\n        continue\n"
+            "    print(old)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.split() == [], out.stdout + out.stderr[-3000:]
 

@@ -19,12 +19,15 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dllm_ais.atomic import atomic_write_text
 from dllm_ais.config import CACHE_MODES, PRESETS, Preset, SamplerConfig, get_preset, override
 from dllm_ais.progress import progress_bar
 from dllm_ais.tasks import d1
+
+if TYPE_CHECKING:  # type hints only (run_dir imports torch-side modules)
+    from dllm_ais.train.run_dir import RunDir
 
 PROTOCOLS = ("strict", "d1")
 """strict: the task's own prompt and reward (our default). d1: d1's prompts, generation window and parsing."""
@@ -341,7 +344,7 @@ def _load_dir(model_dir: Path, preset: Preset):
 def _verify_for_load(run: RunDir, ckpt: Path, hash_check: bool) -> None:
     """The checkpoint's manifest, for the files a load reads (model/ or adapter/; sizes of all): a mismatch is one
     CheckpointCorrupt naming the file and the older checkpoints one could load instead."""
-    from dllm_ais.train.run_dir import CheckpointCorrupt, RunDir
+    from dllm_ais.train.run_dir import CheckpointCorrupt, RunDir  # noqa: F811
 
     try:
         RunDir.verify(ckpt, hash_check, hash_only=("model/", "adapter/"))
