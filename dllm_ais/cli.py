@@ -526,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "forward+backward passes on those steps; one process)")
     run.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: the usable cores "
                      "minus one, at least 1: with every core busy, one more process on the machine slows each step "
-                     "about 10x; see README)")
+                     "about 10x; docs/cpu.md)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train, seed=None, _parser=p)
     _show_preset_defaults(p, "train")

@@ -165,7 +165,7 @@ class TrainConfig:
     trajectory_selection: bool = False
     """Trajectory likelihoods (policy and mismatch ratio) include each step's selection term (which positions the
     sampler committed: top-k confidence or threshold); False = the commit-only likelihood. Off by default: the
-    term makes ℓ far noisier under FP8/FP4 rollouts (README, "The sampler is the policy")."""
+    term makes ℓ far noisier under FP8/FP4 rollouts (docs/fast-rollouts.md, "The selection term")."""
     p_mask_prompt: float = 0.15
     """d1 one-step estimator: probability of masking each prompt token (same mask for θ, π_old and reference)."""
     lora_r: int = 0
@@ -350,7 +350,7 @@ def _digits_study(name: str, description: str, length: int, sft_steps: int) -> P
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        # tiny-cpu: chosen from the trials listed in the README ("Does AIS help?"): the digits task with op shift
+        # tiny-cpu: chosen from the trials in docs/cpu.md ("How the recipe was chosen"): the digits task with op shift
         # (each digit +1; reverse plateaued near 0.3-0.45 with a repeated-digit policy), lr 2e-4 (5e-4 learned in
         # ~40 steps, too fast to show in quarter means), a k3 KL to the SFT model (beta 0.04, as d1), K = 2 mask
         # draws (mismatch estimation was the costliest phase at K = 4). Prompts go through the tiny tokenizer's chat
@@ -395,7 +395,7 @@ PRESETS: dict[str, Preset] = {
         _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural), d1's settings."),
         _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
         # tiny-qwen: was arith with 300 SFT steps (5.5 of 6.2 minutes in SFT, reward falling over the RL steps); now
-        # tiny-cpu's recipe (digits shift, a weak 20-step SFT, β 0.04) at lr 5e-4, one seed measured (README, Qwen).
+        # tiny-cpu's recipe (digits shift, SFT 40 steps, β 0.04) at lr 1e-3, one seed measured (docs/cpu.md, Qwen).
         Preset("tiny-qwen", "Tiny autoregressive Qwen3 on CPU: SFT warm-up on digits, AIS-GRPO with FP8 rollouts.",
                ModelConfig(family="qwen"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=100, prompts_per_step=16,

@@ -37,7 +37,7 @@ TIMEOUT_S = 150
 FSDP2_FLAGS = ("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
                "--fsdp_transformer_layer_cls_to_wrap", "LLaDABlock", "--fsdp_state_dict_type", "FULL_STATE_DICT",
                "--fsdp_reshard_after_forward", "true")
-"""accelerate launch's FSDP2 flags (the README's 8-GPU config, on CPU without mixed precision)."""
+"""accelerate launch's FSDP2 flags (docs/accelerate/fsdp2.yaml, on CPU without mixed precision)."""
 PARAM_ATOL = 2e-6
 LOSS_RTOL = 1e-4
 
@@ -127,10 +127,10 @@ def test_fsdp2_run_resumed_equals_one_process_with_the_global_batch(tmp_path, lo
 
 @pytest.mark.slow
 def test_fsdp2_lora_on_a_bf16_base_with_bf16_mixed_precision_trains_and_resumes(tmp_path):
-    """The README's 8-GPU setup in small: LoRA on a bfloat16 base, accelerate's mixed_precision bf16 (FSDP2 keeps
-    fp32 sharded adapters, gathers in bf16). No one-process twin at this precision: the run must shard, keep the
-    dtypes, train finite steps and resume (an FSDP2 group of bf16 base and fp32 adapter weights needs the bf16
-    policy to all-gather them together)."""
+    """docs/accelerate/fsdp2.yaml's 8-GPU setup in small: LoRA on a bfloat16 base, accelerate's mixed_precision
+    bf16 (FSDP2 keeps fp32 sharded adapters, gathers in bf16). No one-process twin at this precision: the run must
+    shard, keep the dtypes, train finite steps and resume (an FSDP2 group of bf16 base and fp32 adapter weights needs
+    the bf16 policy to all-gather them together)."""
     run = tmp_path / "run"
     launch(tmp_path, ["--out", str(run), "--steps", "2", "--lora-r", "4", "--dtype", "bfloat16"],
            mixed_precision="bf16")

@@ -1,6 +1,6 @@
 """The mismatch diagnostics (mismatch/ppl_*, chi2_*, kl_token, k3_token) of a multi-process run are the global
-batch's (README "AIS over the global batch"), not a mean of per-process values: 2 gloo processes with different
-numbers of rows and tokens each get exactly what one process holding every row computes."""
+batch's (docs/gpus.md, "AIS over the global batch"), not a mean of per-process values: 2 gloo processes with
+different numbers of rows and tokens each get exactly what one process holding every row computes."""
 
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ def _state_changes(plan: Plan, preset) -> list[tuple[str, object, dict]]:
         if n > w.gpus:
             model = replace(preset.model, dtype="float32") if not w.lora_r else preset.model
             how = "--dtype float32, " if not w.lora_r else ""
-            out.append((f"FSDP2 over {n} GPUs (--gpus {n}: accelerate launch with README's fsdp2.yaml, {how}"
+            out.append((f"FSDP2 over {n} GPUs (--gpus {n}: accelerate launch with docs/accelerate/fsdp2.yaml, {how}"
                         f"num_processes {n})", replace(preset, model=model), {"gpus": n, "fsdp": True}))
     return out
 

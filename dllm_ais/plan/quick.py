@@ -1,4 +1,4 @@
-"""The plan's predictions of what `scripts/gpu_check.py --quick` measures, to print next to the measurements.
+"""The plan's predictions of what `scripts/gpu_check.sh --quick` measures, to print next to the measurements.
 
 `predict_quick(gpu)` -> a dict of floats (units in the key) and `sources` (one note per key: measured rows or datasheet,
 and the shape assumed). All at the LLaDA-8B shape (LLaDAConfig defaults), built on the meta device:

@@ -228,7 +228,7 @@ def mismatch_kind(preset) -> str:
 def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1, fsdp: bool | None = None,
                          gradient_checkpointing: bool = False, device: str = "cuda") -> Workload:
     """The Workload of `preset` on `gpus` processes. prompt_len None: measured for the tiny model, else
-    ASSUMED_PROMPT_LEN. fsdp None: FSDP2 for full fine-tuning on several GPUs (README "Many GPUs"), else DDP.
+    ASSUMED_PROMPT_LEN. fsdp None: FSDP2 for full fine-tuning on several GPUs (docs/gpus.md), else DDP.
     device "cuda": the sampler compiles and pads prompts to PROMPT_BUCKET; "cpu": as the CPU runs it."""
     tc, sc, gc = preset.train, preset.sampler, preset.grpo
     if gpus < 1:

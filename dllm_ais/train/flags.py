@@ -130,5 +130,5 @@ def default_threads(cores: int) -> int:
     """Torch threads when --threads is not given: the usable cores minus one, at least 1. OpenMP threads spin-wait
     for each other at every parallel region, so when another process keeps a core busy, a thread per core makes
     every step wait for the descheduled one (measured on 2 cores: 13x slower per step); one core left free absorbs
-    one busy neighbour at a cost of 1.7x when the machine is idle (README, "Threads")."""
+    one busy neighbour at a cost of 1.7x when the machine is idle (docs/cpu.md, "Threads")."""
     return max(1, cores - 1)
