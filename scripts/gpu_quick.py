@@ -11,7 +11,8 @@ summary.json and report.md are rebuilt after each:
                 as diffusion_sample calls the model): BF16 master, BF16 fused copy, FP8 copy on the default backend
                 (cublas on sm_90) and every other available block/row backend, all eager;
             (b) the dual-cache window step: [32 × 32] tokens over a cached 320-token canvas, BF16 vs FP8;
-            (g) torch.profiler top-15 ops of one FP8 forward (profile_fp8.txt);
+            (g) torch.profiler top-15 ops of one FP8 forward (profile_fp8.txt), of one BF16 and one FP8 window step
+                (profile_window.txt) and of one weight sync (profile_sync.txt): the two targets the H200 run missed;
             (d) weight sync (sync_weights master → FP8 copy, as after every optimizer step) vs its bandwidth floor;
             (e) Triton vs cuBLAS blockwise vs BF16 GEMM at two rollout shapes, and which row counts M cuBLAS's
                 blockwise mode accepts (cublas_accepts probes);
@@ -24,8 +25,8 @@ On CPU (--device cpu) the compiled part traces the same step with dynamo's "eage
 not minutes), so the dry run exercises tracing, the recorded cuBLAS decisions and every summary key.
 
 Writes to --out-dir (default benchmarks/gpu/<device>-<YYYYMMDD>-quick): quick.jsonl (one JSON row per measurement,
-flushed as measured), profile_fp8.txt, <part>.log, summary.json (QUICK_KEYS exactly) and report.md (values, targets,
-the plan's predictions next to the measurements, missed targets with the profile).
+flushed as measured), profile_{fp8,window,sync}.txt, <part>.log, summary.json (QUICK_KEYS exactly) and report.md
+(values, targets, the plan's predictions next to the measurements, missed targets with the profiles).
 --block-imports A,B makes those modules unimportable in every part (the CI dry run blocks datasets, math_verify and
 torchao, which the device image lacks).
 """
@@ -195,6 +196,36 @@ class Setup:
         return lambda: _logits(model, block, self.attn, 0, self.hi - self.lo, compiled, kv, self.lo)
 
 
+def profile_text(title: str, fn: Callable[[], object], device) -> str:
+    """torch.profiler's top-15 ops of one call of fn (after one warm-up call), headed by what tells a launch-bound
+    call from a device-bound one: the wall time, the summed device time of its kernels and how many were launched."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from dllm_ais.analysis import bench_env
+
+    fn()
+    bench_env.sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        fn()
+        bench_env.sync(device)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    device_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3  # each kernel's own span
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=15)
+    return (f"# {title}\n# wall {wall_ms:.2f} ms under the profiler; {len(kernels)} device kernels, "
+            f"{device_ms:.2f} ms of device time\n\n{table}")
+
+
+def profile_to(path: Path, title: str, fn: Callable[[], object], device) -> None:
+    from dllm_ais.atomic import atomic_write_text
+
+    atomic_write_text(path, profile_text(title, fn, device) + "\n")
+
+
 def _free(device) -> None:
     import gc
 
@@ -283,22 +314,27 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
             _free(dev)
 
     def profile_section() -> None:
-        from torch.profiler import ProfilerActivity, profile
+        from dllm_ais.fp8 import sync_weights
 
         copy = s.fp8_copy(default)
-        s.forward(copy)
-        bench_env.sync(dev)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-        with profile(activities=activities) as prof:
-            s.forward(copy)
-            bench_env.sync(dev)
-        key = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
-        table = prof.key_averages().table(sort_by=key, row_limit=15)
+        head = f"{bench_env.device_name(dev)}, fp8 {default}"
+        profile_to(args.out_dir / "profile_fp8.txt", f"one forward, {list(s.x.shape)}, {head}",
+                   lambda c=copy: s.forward(c), dev)
+        rows("profile", "profile_fp8", "profile_fp8.txt")
+        # the targets the H200 run missed, profiled where they happen: the window step (BF16 and FP8) and the sync
+        window_bf16, window_fp8 = s.window(s.master), s.window(copy)
+        texts = [profile_text(f"one dual-cache window step, bf16 master, [{s.w['batch']} x {s.w['block']}]",
+                              window_bf16, dev),
+                 profile_text(f"one dual-cache window step, {head}, [{s.w['batch']} x {s.w['block']}]", window_fp8,
+                              dev)]  # fmt: skip
         from dllm_ais.atomic import atomic_write_text
 
-        atomic_write_text(args.out_dir / "profile_fp8.txt",
-                          f"# one forward, fp8 {default}, {list(s.x.shape)}, {bench_env.device_name(dev)}\n\n{table}\n")
-        rows("profile", "profile_fp8", "profile_fp8.txt")
+        atomic_write_text(args.out_dir / "profile_window.txt", "\n\n".join(texts) + "\n")
+        rows("profile", "profile_window", "profile_window.txt")
+        del window_bf16, window_fp8
+        profile_to(args.out_dir / "profile_sync.txt", f"one sync_weights master -> fp8 copy, {head}",
+                   lambda c=copy: sync_weights(s.master, c), dev)
+        rows("profile", "profile_sync", "profile_sync.txt")
         del copy
         _free(dev)
 

@@ -34,6 +34,11 @@ PREDICTED = {  # summary key -> key of dllm_ais.plan.predict_quick(gpu) measurin
 }
 
 
+PROFILES = {  # file the eager part writes -> what it profiled
+    "profile_fp8.txt": "one FP8 forward",
+    "profile_window.txt": "one dual-cache window step, BF16 then FP8 (window_fp8_vs_bf16)",
+    "profile_sync.txt": "one weight sync (sync_vs_floor)",
+}
 PREDICTED_NAMES = {v: k for k, v in PREDICTED.items()}
 NOT_IN_TABLE = {"predicted", "parts", "device", "torch", "triton", "git_sha"}
 
@@ -194,10 +199,12 @@ def report(summary: dict, out: Path) -> str:
               "model, the current 32-token block's logits out (diffusion_sample's call). Window = a dual-cache step: "
               "[32 × 32] tokens against the cached canvas. best = fastest of eager and compiled rows.", "",
               "Parts:", ""] + [f"- {name}: {status}" for name, status in summary["parts"].items()]
-    profile = out / "profile_fp8.txt"
-    if profile.is_file():
-        head = "missed targets: " + ", ".join(missed) + "; the profile" if missed else "The profile"
-        lines += ["", f"## {head} of one FP8 forward", "", "```", profile.read_text().rstrip(), "```"]
+    if missed:
+        lines += ["", "Missed targets: " + ", ".join(missed) + " (the profiles below are of the calls they time)."]
+    for name, what in PROFILES.items():
+        profile = out / name
+        if profile.is_file():
+            lines += ["", f"## Profile: {what}", "", "```", profile.read_text().rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 

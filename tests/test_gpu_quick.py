@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +52,12 @@ def test_cpu_dry_run_writes_every_key_with_the_bare_image_imports_blocked(tmp_pa
     rows = quick.read_rows(tmp_path)
     assert not [r for r in rows if r["status"] == "failed"], [r for r in rows if r["status"] == "failed"]
     assert {r["part"] for r in rows} == set(parts)
-    assert (tmp_path / "profile_fp8.txt").is_file() and "not measured" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "not measured" in report
+    for name in quick.PROFILES:  # each profile was written, with its header, and the report shows it
+        text = (tmp_path / name).read_text()
+        assert re.search(r"# wall [0-9.]+ ms under the profiler; \d+ device kernels", text), text[:300]
+        assert text.splitlines()[0] in report
 
 
 def test_blocked_imports_look_absent(tmp_path):
