@@ -70,13 +70,13 @@ def record_steps(records: list[dict], events: list[str], replay: list[dict] | No
     import accelerate
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    import dllm_ais.train.trainer as trainer_module
+    import dllm_ais.train.step_mismatch as step_mismatch
     from dllm_ais.train.backend import DiffusionBackend
     from dllm_ais.train.trainer import Trainer
     from dllm_ais.types import Rollout
 
     sample, mismatch, correct_global = DiffusionBackend.sample, DiffusionBackend.mismatch_log_w, \
-        trainer_module.correct_global
+        step_mismatch.correct_global
 
     def sample_recording(self, *args, **kwargs):
         if replay is not None:
@@ -98,7 +98,7 @@ def record_steps(records: list[dict], events: list[str], replay: list[dict] | No
         return out
 
     DiffusionBackend.sample, DiffusionBackend.mismatch_log_w = sample_recording, mismatch_recording
-    trainer_module.correct_global = correct_recording
+    step_mismatch.correct_global = correct_recording
 
     backward = accelerate.Accelerator.backward
 

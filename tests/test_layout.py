@@ -139,6 +139,8 @@ def _layer(name: str) -> str:
     ("tasks", {"base", "tasks"}),
     ("train", {"base", "train", "rl", "likelihood", "samplers", "fp8", "fp4", "models", "tasks"}),
     ("plan", {"base", "plan", "train", "rl", "likelihood", "samplers", "fp8", "fp4", "models", "tasks"}),
+    ("commands", {"base", "commands", "analysis", "plan", "train", "rl", "likelihood", "samplers", "fp8", "fp4",
+                  "models", "tasks"}),  # the subcommands' flags and runs: everything but the entry points
 ])
 def test_layers_import_downward_only(layer, may_import):
     bad = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() if _layer(m) == layer for d in deps

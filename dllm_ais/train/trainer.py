@@ -11,7 +11,6 @@ import contextlib
 import copy
 import sys
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,37 +23,19 @@ from dllm_ais.rl.advantages import group_advantages
 from dllm_ais.rl.correction import CorrectionOutput, rejected_loss_mask
 from dllm_ais.rl.error_tokens import error_keep, repeated_ngram_fraction
 from dllm_ais.rl.grpo import grpo_loss
-from dllm_ais.rl.mismatch_stats import k1, masked_mean, rollout_diagnostics
-from dllm_ais.train import fsdp_setup, grad_diagnostics, trackers
+from dllm_ais.train import fsdp_setup, grad_diagnostics, step_mismatch, trackers, trainer_state
 from dllm_ais.train.backend import Backend
-from dllm_ais.train.distributed import correct_global, gather_rows, global_sum
+from dllm_ais.train.distributed import global_sum
 from dllm_ais.train.interrupt import install_sigint
 from dllm_ais.train.master_weights import MasterWeights
 from dllm_ais.train.rewards import RewardSet, StepSkipped, TrainerState, conversational_form
+from dllm_ais.train.rollout_policy import make_rollout_model, sync_rollout
 from dllm_ais.train.run_dir import RunDir
+from dllm_ais.train.step_data import batch_rows, generated_tokens, micro_batches, step_generator, step_seed
 
 TOKEN_MEAN_LOSSES = ("bnpo", "dapo")
 """GRPO loss types normalised by the number of counted tokens of the global batch, as TRL does (every micro-batch
 of every process is weighted by its share of the tokens of all processes)."""
-
-
-def generated_tokens(rollout) -> int:
-    """Tokens the sampler generated: an autoregressive sampler (one that records `logp_rollout` and no `nfe`) stops
-    each row at its stop token and pads the rest (its counted tokens, the stop token included, are what it
-    generated); a diffusion sampler (it reports `nfe`) fills every completion position of the canvas."""
-    if rollout.logp_rollout is not None and rollout.nfe is None:
-        return int(rollout.completion_mask.sum())
-    return rollout.completion_ids.numel()
-
-
-def step_seed(seed: int, step: int, purpose: str) -> int:
-    """A seed for one purpose at one step, independent of everything that ran before."""
-    return zlib.crc32(f"{seed}/{step}/{purpose}".encode())
-
-
-def step_generator(seed: int, step: int, purpose: str, device: str | torch.device = "cpu") -> torch.Generator:
-    """A generator seeded with `step_seed(seed, step, purpose)`."""
-    return torch.Generator(device=device).manual_seed(step_seed(seed, step, purpose))
 
 
 @dataclass
@@ -74,45 +55,6 @@ class Policy:
     use_chat_template: bool = True
     """Wrap prompts in the tokenizer's chat template."""
 
-
-def _batch_rows(rows: list[dict], step: int, per_step: int, rank: int, world: int, seed: int) -> list[dict]:
-    """Prompts of `step` for process `rank`: a fresh seeded permutation per epoch, consumed in order."""
-    n = len(rows)
-    start = (step * world + rank) * per_step
-    perms: dict[int, list[int]] = {}  # one permutation per epoch the step touches (at most two)
-    out = []
-    for i in range(start, start + per_step):
-        epoch, j = divmod(i, n)
-        if epoch not in perms:
-            perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
-        out.append(rows[perms[epoch][j]])
-    return out
-
-
-def _fp8_rollout(master, tc, expected_m: int | None = None):
-    from dllm_ais.fp8.quantize import quantize_model
-    from dllm_ais.models import qwen_rollout
-
-    if qwen_rollout.supports(master):  # Qwen3: fused static-cache rollout copy (models/qwen_rollout.py)
-        return qwen_rollout.rollout_copy(master, fp8_backend=tc.fp8_backend, expected_m=expected_m)
-    # `auto` is timed here, once, for expected_m activation rows (rollout batch × canvas), never while compiling
-    return quantize_model(master, backend=tc.fp8_backend, expected_m=expected_m)
-
-
-def _fp4_rollout(master, tc):
-    from dllm_ais.fp4.linear import quantize_model
-
-    return quantize_model(master, fmt=tc.fp4_format)
-
-
-# TrainConfig.rollout_precision -> (BF16 master, TrainConfig) -> rollout policy μ (the master itself for bf16)
-_ROLLOUT_BUILDERS = {"bf16": lambda master, tc: master, "fp4": _fp4_rollout}  # fp8: _fp8_rollout (expected rows)
-
-
-def _expected_rollout_rows(preset: Preset) -> int:
-    """Activation rows of one rollout forward, for `auto`'s timing: prompts × generations × (gen_length + a 64-token
-    prompt guess); only its power-of-two bucket matters."""
-    return preset.train.prompts_per_step * preset.grpo.num_generations * (preset.sampler.gen_length + 64)
 
 
 class Trainer:
@@ -189,11 +131,9 @@ class Trainer:
         return hasattr(self.master, "disable_adapter")
 
     def _make_rollout_model(self):
-
-        if self.tc.rollout_precision != "fp8":
-            return _ROLLOUT_BUILDERS[self.tc.rollout_precision](self.master, self.tc)
-        rollout = _fp8_rollout(self.master, self.tc, expected_m=_expected_rollout_rows(self.cfg))
-        self._record_fp8_backends(rollout)
+        rollout = make_rollout_model(self.master, self.cfg)
+        if self.tc.rollout_precision == "fp8":
+            self._record_fp8_backends(rollout)
         return rollout
 
     def _record_fp8_backends(self, rollout) -> None:
@@ -209,150 +149,35 @@ class Trainer:
             atomic_write_text(self.run.path / "fp8_backends.json", json.dumps(choices, indent=2, sort_keys=True))
 
     def _sync_rollout(self) -> None:
-        if self.rollout_model is not self.master:
-            if self.fsdp:  # sharded master: gather one layer's full weights at a time
-                from dllm_ais.train.fsdp_sync import sync_weights_sharded
-
-                sync_weights_sharded(self.master, self.rollout_model)
-                return
-            from dllm_ais.fp8.sync import sync_weights  # refills FP8Linear and FP4Linear alike
-            from dllm_ais.models.qwen_rollout import QwenRollout, sync_qwen_rollout
-
-            sync = sync_qwen_rollout if isinstance(self.rollout_model, QwenRollout) else sync_weights
-            sync(self.master, self.rollout_model)
+        sync_rollout(self.master, self.rollout_model, self.fsdp)
 
     def _train_forward(self):
         """Context of every π_θ / π_old forward of the master: plain, or QaRL's aligned fake-quant forward."""
-        if self.cfg.correction.train_forward != "aligned":
-            return contextlib.nullcontext()
-        from dllm_ais.fp8.backends import BACKENDS
-        from dllm_ais.fp8.fake_quant import aligned_forward
-
-        return aligned_forward(self.master, BACKENDS[self.tc.fp8_backend].scheme)
+        return step_mismatch.train_forward(self)
 
     def _micro_batches(self, B: int, device) -> list[torch.Tensor]:
         """The row chunks of one update (gradient accumulation)."""
-        return [c for c in torch.arange(B, device=device).tensor_split(self.tc.gradient_accumulation_steps)
-                if c.numel()]
+        return micro_batches(B, self.tc.gradient_accumulation_steps, device)
 
-    @torch.no_grad()
+    # π_old, the correction and the reference (train/step_mismatch.py); methods, so tests and benchmarks can wrap them
     def _old_logp(self, rollout, seeds: list[int]) -> list[torch.Tensor]:
-        """π_old's per-token log-probs [B, L] per inner iteration: the master (aligned forward if chosen), or with
-        bypass the rollout policy μ itself (no BF16 old-policy pass). A trajectory policy replays one plan per
-        rollout: computed once, micro-batch by micro-batch as the update computes π_θ (ratio exactly 1 at first)."""
-        backend = self.policy.backend
-        if self.cfg.correction.bypass:
-            return [backend.rollout_token_logp(self.rollout_model, rollout, s) for s in seeds]
-        with self._train_forward():
-            if backend.token_scale(rollout) is not None:  # a trajectory policy: one replay for every iteration
-                chunks = self._micro_batches(rollout.completion_ids.shape[0], rollout.completion_ids.device)
-                return [backend.token_logp_by_rows(self.master, rollout, chunks)] * len(seeds)
-            return [backend.token_logp(self.master, rollout, s) for s in seeds]
+        return step_mismatch.old_logp(self, rollout, seeds)
 
     def _correction(self, rollout, adv, logp_old: torch.Tensor, seed: int
                     ) -> tuple[CorrectionOutput, dict, torch.Tensor]:
-        """ℓ, ω, every mismatch diagnostic of the step, and log μ [B, L] (the rollout policy's per-token log-probs
-        under the same masks, for the loss's off-policy mask). logp_old [B, L] is π_old under the logp seed `seed`."""
-        cc, backend, mask = self.cfg.correction, self.policy.backend, rollout.completion_mask
-        with torch.no_grad():
-            same = cc.bypass or self.rollout_model is self.master  # μ = π_old by construction
-            logp_roll = logp_old if same else backend.rollout_token_logp(self.rollout_model, rollout, seed)
-            scale = backend.token_scale(rollout)  # [B, L] HT weights of a trajectory policy, else None
-            scored = mask if scale is None else mask & (scale > 0)  # the tokens carrying π_old and μ terms
-            token_log_w = torch.where(scored, logp_old - logp_roll, 0)  # [B, L]
-            if cc.bypass:
-                log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)  # zeros
-            elif scale is not None and backend.mismatch_estimator == "trajectory":  # π_old's replay is the policy's
-                token_log_w = (token_log_w.double() * scale).float()  # ℓ_j, Horvitz–Thompson weighted
-                log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)
-            elif getattr(backend, "mismatch_estimator", "elbo") == "trajectory":  # replayed canvases, every level
-                with self._train_forward():
-                    token_log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
-                        self.tc.seed, self.step, "mismatch", self.acc.device), "token")  # [B, L] ℓ_j
-                log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)
-            elif cc.correction_level == "sequence":
-                with self._train_forward():
-                    log_w = backend.mismatch_log_w(self.master, self.rollout_model, rollout,
-                                                   step_generator(self.tc.seed, self.step, "mismatch",
-                                                                  self.acc.device), "sequence")
-            else:  # token / geometric: the per-token log-ratios (LLaDA: one-step estimator, same masks as π_old)
-                log_w = token_log_w
-            # the global batch's rows, gathered once for every statistic below and for the correction
-            (g_old, g_roll, g_scored, g_mask), _ = gather_rows(self.acc, logp_old, logp_roll, scored, mask)
-            diag = rollout_diagnostics(g_old, g_roll, g_scored, cc.log_w_clamp)
-            metrics = {M.DIAGNOSTIC_NAMES[k]: float(v) for k, v in diag.items()}
-            recorded = rollout.logp_rollout if rollout.logp_rollout is not None else logp_roll  # [B, L]
-            metrics[M.ROLLOUT_LOGP_MU] = float(torch.where(scored, recorded, 0).sum(-1).mean())  # concentration
-            if cc.train_forward == "aligned":  # what alignment removed: the plain forward on the same rollouts
-                plain = backend.token_logp(self.master, rollout, seed)
-                (g_plain,), _ = gather_rows(self.acc, plain)
-                metrics[M.MISMATCH_KL_TOKEN_BF16] = float(masked_mean(k1(g_plain.double() - g_roll.double()),
-                                                                      g_scored))
-                if cc.correction_level == "sequence":  # same mask draws (same generator seed) as the aligned ℓ
-                    plain_lw = backend.mismatch_log_w(self.master, self.rollout_model, rollout, step_generator(
-                        self.tc.seed, self.step, "mismatch", self.acc.device), "sequence")  # [B]
-                    (plain_lw,), _ = gather_rows(self.acc, plain_lw)
-                    lengths = g_mask.sum(-1)  # [B_global]
-                    metrics[M.MISMATCH_KL_BF16] = float(masked_mean(-plain_lw / lengths.clamp(min=1), lengths > 0))
-        # over the rows of every process: λ is the global batch's, identical on every rank
-        corr = correct_global(self.acc, log_w, adv, mask, cc, prev_lam=self.prev_lam, token_log_w=token_log_w,
-                              global_mask=g_mask)
-        metrics.update(corr.metrics())
-        return corr, metrics, logp_roll
+        return step_mismatch.correction(self, rollout, adv, logp_old, seed)
 
     def _ref_logp(self, rollout, seed):
-        if self.ref_model is not None:
-            return self.policy.backend.token_logp(self.ref_model, rollout, seed)
-        with self.master.disable_adapter():
-            return self.policy.backend.token_logp(self.master, rollout, seed)
+        return step_mismatch.ref_logp(self, rollout, seed)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path | None:
         """Write a checkpoint (main process; under FSDP every process takes part in gathering the full tensors)."""
-        main = self.acc.is_main_process
-        full_model = contextlib.nullcontext()
-        if self.fsdp:
-            from dllm_ais.train.fsdp_checkpoint import full_on_main, full_optimizer_state
-
-            optimizer_state = full_optimizer_state(self.optimizer, main)
-            full_model = full_on_main(self.master, main)
-        elif main:
-            optimizer_state = self.optimizer.state_dict()
-        with full_model:
-            if not main:
-                return None
-            state = {"step": self.step, "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
-                     "prev_lam": None if self.prev_lam is None else float(self.prev_lam), "skipped": self.skipped,
-                     "reward_errors": self.reward_errors}
-            if self.master_weights is not None:
-                state["master_weights"] = self.master_weights.state_dict()
-            return self.run.save_checkpoint(self.step, lambda d: self.policy.save_model(self.master, d), state)
+        return trainer_state.save(self)
 
     def resume(self, ckpt: Path | None) -> None:
         """Continue from `ckpt` (verified: run_dir.resume_checkpoint); None = no checkpoint yet, start over."""
-        if ckpt is None:  # interrupted before its first checkpoint: start over
-            if self.acc.is_main_process:
-                M.MetricsWriter(self.run.path).truncate_after(-1)
-            return
-        state = RunDir.load_state(ckpt)
-        if self.fsdp:  # full tensors in the checkpoint: scatter them into this process's shards
-            from dllm_ais.train.fsdp_checkpoint import load_full_optimizer_state, loading_full
-
-            with loading_full(self.master):
-                self.policy.load_model_state(self.master, ckpt)
-            load_full_optimizer_state(self.optimizer, state["optimizer"])
-        else:
-            self.policy.load_model_state(self.master, ckpt)
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = state["step"]
-        self.prev_lam = None if state["prev_lam"] is None else torch.tensor(state["prev_lam"])
-        self.skipped, self.reward_errors = state["skipped"], state["reward_errors"]
-        if self.master_weights is not None:
-            self.master_weights.load_state_dict(state["master_weights"])
-        self._sync_rollout()
-        if self.acc.is_main_process:
-            M.MetricsWriter(self.run.path).truncate_after(self.step - 1)
+        trainer_state.resume(self, ckpt)
 
     # ------------------------------------------------------------------------------------------------------ step
     def train_step(self) -> dict[str, float]:
@@ -362,7 +187,7 @@ class Trainer:
         row: dict[str, float] = {M.STEP: step}
         t0 = time.perf_counter()
 
-        rows = _batch_rows(self.rows, step, tc.prompts_per_step, self.acc.process_index, self.acc.num_processes,
+        rows = batch_rows(self.rows, step, tc.prompts_per_step, self.acc.process_index, self.acc.num_processes,
                            tc.seed)
         rows = [r for r in rows for _ in range(G)]  # each prompt's G generations contiguous
         prompts = [r["prompt"] for r in rows]

@@ -1,0 +1,34 @@
+"""Flags shared by `train` and `sample`: the model (preset, checkpoint, device, dtype, seed) and the sampler."""
+
+from __future__ import annotations
+
+import argparse
+
+from dllm_ais.commands.help import DEFAULT_PRESET
+from dllm_ais.config import CACHE_MODES, PRESETS
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
+    p.add_argument("--model", default=None, help="checkpoint directory or hub id of the preset's family (LLaDA "
+                   "official layout; Qwen save_pretrained layout with a qwen preset); overrides the preset's")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (refused where it is not "
+                   "available)")
+    p.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling noise and the tiny model's weights")
+
+
+def add_sampler_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gen-length", type=int, default=None, help="completion length in tokens")
+    p.add_argument("--block-length", type=int, default=None, help="semi-autoregressive block length")
+    p.add_argument("--steps", type=int, default=None, help="total denoising steps")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    p.add_argument("--remasking", default=None, choices=["low_confidence", "random"],
+                   help="which masked positions each step commits: the most confident ones, or random ones")
+    p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
+    p.add_argument("--cache", default=None, choices=CACHE_MODES,
+                   help="Fast-dLLM block KV cache: none (every step a full forward), prefix (one refresh forward per "
+                   "block caches what precedes it), dual (later steps recompute the current block only)")
+    p.add_argument("--threshold", type=float, default=None, metavar="F",
+                   help="Fast-dLLM parallel decoding: each step commits every masked token of the block with "
+                   "confidence >= F (and at least one), in (0, 1]; default: the fixed schedule")

@@ -1,0 +1,83 @@
+"""`dllm-ais train`'s flag groups: correction and loss (docs/corrections.md), Fast-dLLM rollouts and the estimators
+that see them. New train flags go here (and into FIELD_FLAGS when they set a config field)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_correction_args(p: argparse.ArgumentParser) -> None:
+    from dllm_ais.rl.config import (
+        AIS_COMBINERS,
+        AIS_TARGETS,
+        CORRECTION_LEVELS,
+        CORRECTIONS,
+        LOSS_TYPES,
+        TRAIN_FORWARDS,
+        TRL_ALIASES,
+    )
+
+    p.add_argument("--correction", default=None, choices=[*CORRECTIONS, *TRL_ALIASES],
+                   help="mismatch correction (docs/corrections.md); TRL's token_truncate / token_mask / "
+                   "sequence_truncate / sequence_mask also set --correction-level")
+    p.add_argument("--correction-level", default=None, choices=CORRECTION_LEVELS,
+                   help="weight per sequence, per token, or geometric (exp of the mean token log-ratio)")
+    p.add_argument("--is-cap", type=float, default=None, help="C: TIS cap / MIS upper threshold (TRL's clip max)")
+    p.add_argument("--is-cap-min", type=float, default=None, help="MIS lower threshold (TRL's clip min; 0 = none)")
+    p.add_argument("--band", type=float, nargs=2, metavar=("LOW", "HIGH"), default=None,
+                   help="--correction band (IcePop): keep weights in [LOW, HIGH], zero outside (default 0.5 5)")
+    p.add_argument("--ais-target", default=None, choices=AIS_TARGETS, help="the full-IS mode AIS mixes towards")
+    p.add_argument("--ais-tau", type=float, default=None, metavar="TAU",
+                   help="τ of AIS's severity s = 1 − exp(−D/τ) (default 0.02 at sequence level; docs/ais.md §5a)")
+    p.add_argument("--ais-ema", type=float, default=None, metavar="BETA",
+                   help="EMA factor β in [0, 1) for λ across steps (default 0: per-batch λ)")
+    p.add_argument("--ais-combiner", default=None, choices=AIS_COMBINERS,
+                   help="how s, R, g become λ: product = s·R·g (default), severity = s·g (not shrunk by the ESS R)")
+    p.add_argument("--reject", default=None, metavar="STAT:AGG:THRESHOLD",
+                   help="reject samples by divergence, e.g. k3:seq_mean:0.01 (k1|k2|k3 : token|seq_sum|seq_mean|"
+                   "seq_max); several rules comma-separated (all must pass); k1 also takes ratio bounds LOWER_UPPER, "
+                   "e.g. k1:seq_mean:0.5_2; or none (default: none)")
+    p.add_argument("--normalize-weights", action="store_true", help="normalise the weights to batch mean 1")
+    p.add_argument("--bypass", action="store_true",
+                   help="use the rollout policy as pi_old (skip the BF16 old-policy pass)")
+    p.add_argument("--train-forward", default=None, choices=TRAIN_FORWARDS,
+                   help="aligned: fake-quantise the training forward like the FP8 rollout copy (QaRL)")
+    p.add_argument("--loss-type", default=None, choices=LOSS_TYPES, help="GRPO loss aggregation, or tbpo (QaRL)")
+    p.add_argument("--dual-clip", type=float, default=None, help="tbpo: dual-clip bound c > 1 for negative Â")
+    p.add_argument("--mask-error-completions", type=float, default=None, metavar="FRAC",
+                   help="drop completions whose repeated-n-gram fraction exceeds FRAC from the loss")
+    p.add_argument("--error-ngram", type=int, default=None, help="n of the repeated-n-gram detector (default 4)")
+    p.add_argument("--rejected", default=None, choices=["zero", "drop"],
+                   help="rejected samples (omega = 0): zero = stay in the loss normaliser (TRL's *_mask, default); "
+                   "drop = leave the loss mask, token means over kept tokens (verl's rollout_rs)")
+    p.add_argument("--no-is-cap", action="store_true",
+                   help="no upper IS bound (TRL's vllm_importance_sampling_clip_max=None)")
+    p.add_argument("--clip-ratio-c", type=float, default=None,
+                   help="verl's per-token dual clip for negative advantages in the standard loss (c > 1, verl: 3)")
+    p.add_argument("--epsilon-high", type=float, default=None,
+                   help="upper clip 1 + EPS of the ratio; with --loss-type cispo the absolute cap of the ratio")
+    p.add_argument("--off-policy-mask", type=float, default=None, metavar="DELTA",
+                   help="TRL's off_policy_mask_threshold: drop negative-advantage sequences whose mean "
+                   "log mu - log pi_theta exceeds DELTA")
+
+
+def add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
+    """`train`: Fast-dLLM rollouts (KV cache, threshold decoding) and the mismatch estimator that can see them."""
+    from dllm_ais.config import CACHE_MODES, MISMATCH_ESTIMATORS, POLICY_LOGPROBS
+
+    p.add_argument("--cache", default=None, choices=CACHE_MODES,
+                   help="rollout KV cache (Fast-dLLM): none, prefix, dual (needs --mismatch-estimator trajectory)")
+    p.add_argument("--threshold", type=float, default=None, metavar="F",
+                   help="rollout threshold decoding: commit every token with confidence >= F per step (needs "
+                   "--mismatch-estimator trajectory)")
+    p.add_argument("--mismatch-estimator", default=None, choices=MISMATCH_ESTIMATORS,
+                   help="diffusion log-ratio: elbo (coupled MC-ELBO, default) or trajectory (replay of the "
+                   "recorded denoising canvases under pi_old; sees --cache/--threshold)")
+    p.add_argument("--trajectory-steps", type=int, default=None, metavar="K",
+                   help="trajectory: replay K random denoising steps per sequence (Horvitz-Thompson scaled; "
+                   "default all)")
+    p.add_argument("--policy-logprob", default=None, choices=POLICY_LOGPROBS, help="log pi of the GRPO ratio and KL: "
+                   "one_step (d1) or trajectory (the sampled denoising path replayed under theta, cache included)")
+    p.add_argument("--trajectory-selection", default=None, choices=["on", "off"], help="add the selection term")
+    p.add_argument("--max-commit-per-step", type=int, default=None, metavar="N", help="threshold decoding: commit "
+                   "at most N tokens per step (needs --threshold)")

@@ -1,0 +1,95 @@
+"""`dllm-ais train`'s flags -> the Preset it runs (a new run: the --preset with the typed flags applied; --resume:
+the run's config.json with the flags that may change on resume)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dllm_ais.commands.field_flags import FIELD_FLAGS
+from dllm_ais.commands.help import DEFAULT_PRESET
+from dllm_ais.config import get_preset, override
+
+
+def _floats(flag: str, value: str | None) -> list[float] | None:
+    """'1,0.5' -> [1.0, 0.5]; None -> None; anything else a one-line error naming the flag."""
+    if value is None:
+        return None
+    try:
+        return [float(v) for v in value.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {value!r}: expected comma-separated numbers, e.g. 1,0.5.") from None
+
+
+def train_preset(args: argparse.Namespace, base=None):
+    """The preset `train` runs: `base` (default the --preset) with the typed flags applied."""
+    from dataclasses import replace
+
+    preset = base if base is not None else get_preset(args.preset or DEFAULT_PRESET)
+    train = override(preset.train, task=args.task, data_path=args.data, reward_fn=args.reward_fn,
+                     reward_weights=_floats("--reward-weights", args.reward_weights), steps=args.steps,
+                     rollout_precision=args.rollout_precision, fp8_backend=args.fp8_backend, seed=args.seed,
+                     fp4_format=args.fp4_format,
+                     learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
+                     save_every=args.save_every, report_to=tracker_list(args.report_to),
+                     grad_diagnostics_every=args.grad_diagnostics_every)
+    if args.task and args.task != preset.train.task:
+        train = replace(train, task_config={})  # generator options belong to the preset's own task
+    train = override(train, mismatch_estimator=args.mismatch_estimator, trajectory_steps=args.trajectory_steps,
+                     policy_logprob=args.policy_logprob, trajectory_selection=(
+                         None if args.trajectory_selection is None else args.trajectory_selection == "on"))
+    return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
+                   sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
+                                    max_commit_per_step=args.max_commit_per_step),
+                   train=train, **_correction_overrides(args, preset))
+
+
+def tracker_list(values: list[str] | None) -> list[str] | None:
+    """--report-to's names (duplicates dropped); `none` alone = no tracker; None = the preset's (or the run's)."""
+    if values is None or values == ["none"]:
+        return None if values is None else []
+    if "none" in values:
+        raise ValueError(f"--report-to {' '.join(values)}: 'none' means no tracker; pass it alone, or drop it.")
+    return list(dict.fromkeys(values))
+
+
+def _correction_overrides(args: argparse.Namespace, preset) -> dict:
+    """The correction / loss flags of `train` (docs/corrections.md) as replaced `correction` and `grpo` configs."""
+    from dataclasses import replace
+
+    from dllm_ais.rl.config import parse_reject
+
+    band = args.band or (None, None)
+    reject = parse_reject(args.reject) if args.reject else {}
+    correction = override(preset.correction, correction=args.correction, correction_level=args.correction_level,
+                          is_cap=args.is_cap, is_cap_min=args.is_cap_min, band_low=band[0], band_high=band[1],
+                          ais_target=args.ais_target, ais_tau=args.ais_tau, ais_ema=args.ais_ema,
+                          ais_combiner=args.ais_combiner, normalize_weights=args.normalize_weights or None,
+                          bypass=args.bypass or None, train_forward=args.train_forward, rejected=args.rejected,
+                          **reject)
+    if args.no_is_cap:
+        if args.is_cap is not None:
+            raise ValueError("--no-is-cap and --is-cap contradict each other; pass one.")
+        correction = replace(correction, is_cap=None)
+    grpo = override(preset.grpo, loss_type=args.loss_type, dual_clip=args.dual_clip, error_ngram=args.error_ngram,
+                    error_mask_threshold=args.mask_error_completions, clip_ratio_c=args.clip_ratio_c,
+                    epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask)
+    return {"correction": correction, "grpo": grpo}
+
+
+def resume_preset(args: argparse.Namespace, typed: dict[str, object], out: str):
+    """The preset a resumed run continues with: its config.json plus the flags that may change on resume (--steps,
+    --save-every); any other flag that differs from the run's value is refused, naming it."""
+    from dllm_ais.train.flags import resume_changes
+    from dllm_ais.train.run_dir import read_run_config
+
+    if "--preset" in typed:
+        raise ValueError("--preset cannot be combined with --resume: the run's config.json names its preset.")
+    saved = read_run_config(out)
+    wanted = train_preset(args, base=saved)
+    _, refused = resume_changes(saved, wanted, FIELD_FLAGS)
+    if refused:
+        raise ValueError(f"--resume continues {out} with its config.json; {', '.join(refused)} cannot change on a "
+                         "resumed run (only --steps, --save-every and --report-to can): drop them, or start a new run "
+                         "with another "
+                         "--out.")
+    return wanted
