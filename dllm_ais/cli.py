@@ -14,7 +14,7 @@ import sys
 import dllm_ais
 from dllm_ais.commands.common_args import add_model_args, add_sampler_args
 from dllm_ais.commands.field_flags import FIELD_FLAGS, name_flags
-from dllm_ais.commands.help import HelpFormatter, show_preset_defaults
+from dllm_ais.commands.help import HelpFormatter, ShortErrorParser, show_preset_defaults
 from dllm_ais.commands.train import add_train_parser, cmd_train, default_run_dir
 from dllm_ais.commands.train_args import add_fast_rollout_args
 from dllm_ais.commands.train_preset import train_preset
@@ -30,7 +30,7 @@ def _quiet_third_party_logs() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dllm-ais", description="GRPO for diffusion LMs with FP8 rollouts and AIS.")
+    parser = ShortErrorParser(prog="dllm-ais", description="GRPO for diffusion LMs with FP8 rollouts and AIS.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {dllm_ais.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         from dllm_ais.analysis.variance_cli import main as variance_main
 
         return variance_main(argv[1:]) or 0
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand whose flags they are not (its --help lists them)
+        parser._subparsers._group_actions[0].choices[args.command].error(
+            f"unrecognized arguments: {' '.join(extra)}")
     _quiet_third_party_logs()
     try:
         return args.func(args)

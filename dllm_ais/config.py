@@ -182,7 +182,14 @@ class TrainConfig:
     sft_learning_rate: float = 3e-3
     """SFT learning rate (AdamW)."""
     save_every: int = 0
-    """Write a checkpoint every this many steps (0 = only at the end and on interruption)."""
+    """Write a checkpoint every this many steps and keep each (0 = none by step count)."""
+    save_every_minutes: float = 10.0
+    """Also write a checkpoint when this many minutes of wall time have passed since the last one (or since the run
+    started), so a killed run loses at most this much; 0 = off. Checkpoints are also written at the end and when
+    the run is stopped (Ctrl-C, SIGTERM, SIGUSR1)."""
+    keep_checkpoints: int = 3
+    """Keep the newest this many checkpoints, deleting older ones as new ones are written; those at a multiple of
+    save_every are always kept. 0 = keep every one."""
     seed: int = 0
     """Seed for data order, rollouts and estimator noise (every random draw derives from it and the step)."""
     report_to: list[str] = field(default_factory=list)
@@ -198,7 +205,8 @@ class TrainConfig:
                      "sft_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1.")
-        for name in ("warmup_steps", "sft_steps", "save_every", "lora_r", "grad_diagnostics_every"):
+        for name in ("warmup_steps", "sft_steps", "save_every", "lora_r", "grad_diagnostics_every",
+                     "save_every_minutes", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0.")
         if self.rollout_precision not in ROLLOUT_PRECISIONS:

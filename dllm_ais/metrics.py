@@ -168,10 +168,12 @@ class MetricsWriter:
         if self._mirror is not None:
             self._mirror.log({k: v for k, v in row.items() if k != STEP}, step=row[STEP])
 
-    def truncate_after(self, step: int) -> None:
-        """Drop rows with step > `step` (rows written after the checkpoint a resumed run starts from)."""
+    def truncate_after(self, step: int) -> list[int]:
+        """Drop rows with step > `step` (rows written after the checkpoint a resumed run starts from); returns the
+        dropped rows' steps."""
         rows = read_metrics(self.path.parent)
         atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in rows if row[STEP] <= step))
+        return [int(row[STEP]) for row in rows if row[STEP] > step]
 
     def close(self) -> None:
         if self._mirror is not None:

@@ -93,6 +93,7 @@ def read_json_rows(path: str) -> list[dict[str, Any]]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
+                _refuse_one_object(path, text)
                 raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}, column {e.colno}).") from None
             lines.append(n)
     for row, n in zip(rows, lines, strict=True):
@@ -100,6 +101,18 @@ def read_json_rows(path: str) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}.")
     columns = list(dict.fromkeys(k for row in rows for k in row))
     return [{k: row.get(k) for k in columns} for row in rows]
+
+
+def _refuse_one_object(path: str, text: str) -> None:
+    """A file that is one JSON object over several lines (not records): say what a .json/.jsonl file must hold."""
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        return
+    if isinstance(whole, dict):
+        keys = ", ".join(list(whole)[:5])
+        raise ValueError(f"{path}: one JSON object (keys {keys}), not records; a .json/.jsonl file must hold one "
+                         "object per line (JSON Lines) or a JSON array of objects, e.g. [{\"prompt\": ...}, ...].")
 
 
 def require(row: dict[str, Any], index: int, field: str, source: str, aliases: Sequence[str] = ()) -> Any:

@@ -12,6 +12,13 @@ DEFAULT_PRESET = "tiny-cpu"
 """The preset used when --preset is not given (train, sample, eval)."""
 
 
+class ShortErrorParser(argparse.ArgumentParser):
+    """A parser whose errors are two lines: the error, and where the flags are listed (not the whole usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: see `{self.prog} --help` for the flags.\n")
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's help with each flag's default (TRL-style): "(default: X)" after a fixed default; flags that default
     to the preset's value are annotated by `show_preset_defaults`. Help that already names its default is kept."""

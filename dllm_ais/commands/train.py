@@ -24,6 +24,15 @@ def default_run_dir(preset_name: str, now: float | None = None, pid: int | None 
     return f"runs/{preset_name}-{stamp}-{pid}"
 
 
+def _say_run_dir(out: str, resume: bool) -> None:
+    """The run directory, said when the run starts (once: by the first process of a multi-process launch)."""
+    import os
+    import sys
+
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{'resuming' if resume else 'run directory:'} {out}", file=sys.stderr, flush=True)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import math
     import time
@@ -43,17 +52,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     from dllm_ais.metrics import REWARD_MEAN, STEP, read_metrics
+    from dllm_ais.train.interrupt import RESUME_EXIT_CODE, Preempted
     from dllm_ais.train.job import run_training
 
     device_and_backend_checks(preset)
     torch.set_num_threads(threads)
+    _say_run_dir(out, args.resume)
     t0 = time.perf_counter()
     try:
         trainer = run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps,
                                save_every=args.save_every, hash_check=not args.no_hash_check,
-                               report_to=tracker_list(args.report_to))
+                               report_to=tracker_list(args.report_to), save_every_minutes=args.save_every_minutes,
+                               keep_checkpoints=args.keep_checkpoints)
     except KeyboardInterrupt:
         return 130
+    except Preempted:
+        return RESUME_EXIT_CODE  # "resume me": the checkpoint is written and verified (train/interrupt.py)
     seconds = time.perf_counter() - t0
     all_rows = read_metrics(out)
     new = [r for r in all_rows if r.get(STEP) >= trainer.first_step]  # a resume redoes steps after its checkpoint
@@ -117,10 +131,16 @@ def add_train_parser(sub) -> argparse.ArgumentParser:
     run = p.add_argument_group("run")
     run.add_argument("--out", default=None, help="run directory (default runs/<preset>-<date>-<time>-<pid>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact "
-                     "checkpoint (verified against its manifest); only --steps, --save-every and --report-to may "
-                     "change (applied and recorded in config.json)")
-    run.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (0 = at the end and on "
-                     "Ctrl-C only)")
+                     "checkpoint (verified against its manifest); only --steps, the checkpoint flags and --report-to "
+                     "may change (applied and recorded in config.json)")
+    run.add_argument("--save-every", type=int, default=None, help="also checkpoint every N steps, each kept "
+                     "(0 = none by step count)")
+    run.add_argument("--save-every-minutes", type=float, default=None, metavar="M", help="checkpoint when M minutes "
+                     "have passed since the last one, so a killed run loses at most M minutes (0 = off); checkpoints "
+                     "are also written at the end and on Ctrl-C, SIGTERM or SIGUSR1 (then the exit status is 75: "
+                     "resume me)")
+    run.add_argument("--keep-checkpoints", type=int, default=None, metavar="N", help="keep the newest N checkpoints "
+                     "(0 = all); those of --save-every are always kept")
     add_hash_check_argument(run)
     run.add_argument("--report-to", nargs="+", default=None, choices=(*TRACKERS, "none"), metavar="TRACKER",
                      help="also send every step's metrics to these experiment trackers, through accelerate (TRL's "

@@ -15,6 +15,7 @@ def add_correction_args(p: argparse.ArgumentParser) -> None:
         LOSS_TYPES,
         TRAIN_FORWARDS,
         TRL_ALIASES,
+        CorrectionConfig,
     )
 
     p.add_argument("--correction", default=None, choices=[*CORRECTIONS, *TRL_ALIASES],
@@ -28,7 +29,8 @@ def add_correction_args(p: argparse.ArgumentParser) -> None:
                    help="--correction band (IcePop): keep weights in [LOW, HIGH], zero outside (default 0.5 5)")
     p.add_argument("--ais-target", default=None, choices=AIS_TARGETS, help="the full-IS mode AIS mixes towards")
     p.add_argument("--ais-tau", type=float, default=None, metavar="TAU",
-                   help="τ of AIS's severity s = 1 − exp(−D/τ) (default 0.02 at sequence level; docs/ais.md §5a)")
+                   help=f"τ of AIS's severity s = 1 − exp(−D/τ) (default {CorrectionConfig.ais_tau}; docs/ais.md "
+                   "§5a)")
     p.add_argument("--ais-ema", type=float, default=None, metavar="BETA",
                    help="EMA factor β in [0, 1) for λ across steps (default 0: per-batch λ)")
     p.add_argument("--ais-combiner", default=None, choices=AIS_COMBINERS,

@@ -31,6 +31,7 @@ def train_preset(args: argparse.Namespace, base=None):
                      fp4_format=args.fp4_format,
                      learning_rate=args.lr, sft_steps=args.sft_steps, lora_r=args.lora_r,
                      save_every=args.save_every, report_to=tracker_list(args.report_to),
+                     save_every_minutes=args.save_every_minutes, keep_checkpoints=args.keep_checkpoints,
                      grad_diagnostics_every=args.grad_diagnostics_every)
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
@@ -88,8 +89,7 @@ def resume_preset(args: argparse.Namespace, typed: dict[str, object], out: str):
     wanted = train_preset(args, base=saved)
     _, refused = resume_changes(saved, wanted, FIELD_FLAGS)
     if refused:
-        raise ValueError(f"--resume continues {out} with its config.json; {', '.join(refused)} cannot change on a "
-                         "resumed run (only --steps, --save-every and --report-to can): drop them, or start a new run "
-                         "with another "
-                         "--out.")
+        raise ValueError(f"--resume continues {out} with its config.json; {', '.join(refused)} cannot change on "
+                         "a resumed run (only --steps, the checkpoint flags and --report-to can): drop them, or start "
+                         "a new run with another --out.")
     return wanted

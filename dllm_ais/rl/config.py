@@ -100,6 +100,11 @@ def parse_reject(spec: str) -> dict[str, object]:
     return {"reject_stat": "none", "reject_rules": specs}
 
 
+def _default(cls, name: str):
+    """A dataclass field's default, so that messages quote the current one."""
+    return cls.__dataclass_fields__[name].default
+
+
 def _one_of(owner: str, name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{owner}.{name}={value!r}: use one of {', '.join(allowed)}.")
@@ -296,7 +301,7 @@ class CorrectionConfig:
                              "so exp stays finite in float32).")
         if not (self.ais_tau > 0.0 and math.isfinite(self.ais_tau)):
             raise ValueError(f"CorrectionConfig.ais_tau={self.ais_tau}: the severity scale τ must be finite and > 0 "
-                             "(default 0.02).")
+                             f"(default {_default(CorrectionConfig, 'ais_tau')}).")
         if not 0.0 <= self.ais_ema < 1.0:
             raise ValueError(f"CorrectionConfig.ais_ema={self.ais_ema}: the EMA factor must be in [0, 1); 0 disables "
                              "smoothing, values near 1 make λ react slowly.")

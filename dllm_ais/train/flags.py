@@ -40,9 +40,10 @@ NO_MISMATCH_FLAGS = ("--correction", "--ais-target", "--ais-tau", "--ais-ema", "
                      "--is-cap-min", "--band")
 """Flags that only shape the mismatch weights w = π_old/μ, which are all 1 when the rollouts are the BF16 master."""
 
-RESUME_CHANGEABLE = ("--steps", "--save-every", "--report-to", "--threads", "--no-progress", "--out", "--resume")
-"""Flags `--resume` applies: --steps, --save-every and --report-to are applied and recorded in config.json; --threads
-and --no-progress do not belong to the run. Every other flag must repeat the run's value (or be left out)."""
+RESUME_CHANGEABLE = ("--steps", "--save-every", "--save-every-minutes", "--keep-checkpoints", "--report-to",
+                     "--threads", "--no-progress", "--out", "--resume")
+"""Flags `--resume` applies: --steps, the checkpoint flags and --report-to are applied and recorded in config.json;
+--threads and --no-progress do not belong to the run. Every other flag must repeat the run's value (or be left out)."""
 
 TRACKER_PACKAGES = {"tensorboard": "'dllm-ais[tensorboard]'", "comet_ml": "comet-ml"}
 """pip name of a tracker's package where it is not the tracker's own name."""

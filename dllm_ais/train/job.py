@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -188,12 +189,27 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
                   load_model_state=load_model_state, use_chat_template=use_chat_template)
 
 
+def _sft_state(run: RunDir, sft_steps: int) -> str:
+    """What a resume without a GRPO checkpoint does with the SFT warm-up (said, never silent)."""
+    if sft_steps == 0:
+        return "no SFT warm-up in this run"
+    if (run.path / SFT_DIR).is_dir():
+        return f"the finished SFT warm-up in {run.path / SFT_DIR} is reused"
+    partial = run.path / SFT_PARTIAL
+    if partial.is_file():
+        return f"the SFT warm-up continues from {partial}"
+    return (f"the SFT warm-up starts over at step 0 of {sft_steps} (it was stopped before finishing, and only Ctrl-C "
+            "or SIGTERM saves a partial one)")
+
+
 def run_training(preset: Preset, out: str | Path, resume: bool = False, progress: bool = True,
                  steps: int | None = None, save_every: int | None = None, hash_check: bool = True,
-                 report_to: list[str] | None = None) -> Trainer:
+                 report_to: list[str] | None = None, save_every_minutes: float | None = None,
+                 keep_checkpoints: int | None = None) -> Trainer:
     """Create/resume the run in `out` and train to the end; returns the finished Trainer.
 
-    A resumed run uses the configuration saved in `out`; `steps` / `save_every` / `report_to` (if given) change it,
+    A resumed run uses the configuration saved in `out`; `steps` / `save_every` / `report_to` /
+    `save_every_minutes` / `keep_checkpoints` (if given) change it,
     and the change is recorded in config.json (the CLI refuses every other flag on resume: dllm_ais/train/flags.py).
     It continues from the newest checkpoint that matches its manifest (sha256 too unless `hash_check` is False): see
     run_dir.resume_checkpoint.
@@ -214,6 +230,9 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         preset = replace(preset, train=replace(preset.train, save_every=save_every))
     if report_to is not None:
         preset = replace(preset, train=replace(preset.train, report_to=list(report_to)))
+    for name, value in (("save_every_minutes", save_every_minutes), ("keep_checkpoints", keep_checkpoints)):
+        if value is not None:
+            preset = replace(preset, train=replace(preset.train, **{name: value}))
     check_fsdp(preset)  # what this preset cannot train under accelerate's FSDP settings: refused before any write
     if preset.train.grad_diagnostics_every and state.num_processes > 1:
         raise ValueError(grad_diagnostics.ONE_PROCESS)
@@ -225,6 +244,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
     if state.is_main_process:
         preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
+    if resume and state.is_main_process and ckpt is None:
+        print(f"--resume: {_sft_state(run, preset.train.sft_steps)}", file=sys.stderr, flush=True)
     if preset.model.device.startswith("cuda"):  # each process loads onto its own GPU
         preset = replace(preset, model=replace(preset.model, device=str(state.device)))
     with state.main_process_first():  # the main process runs the SFT warm-up and caches it; the others load it

@@ -188,6 +188,23 @@ class RunDir:
                 broken.append((ckpt, str(e)))
         return None, broken
 
+    def prune(self, keep: int, permanent: Callable[[int], bool] = lambda step: False) -> list[Path]:
+        """Delete the oldest step-N checkpoints beyond the newest `keep` (0 = keep all), except those whose step is
+        `permanent` and the one `latest` names; returns the deleted paths. (Set-aside *.corrupt ones stay.)"""
+        import shutil
+
+        if keep <= 0:
+            return []
+        pointer = self.checkpoints / "latest"
+        latest = pointer.read_text().strip() if pointer.exists() else None
+        rolling = [p for p in self.step_dirs() if not permanent(int(p.name[5:]))]
+        gone = [p for p in rolling[keep:] if p.name != latest]
+        for p in gone:  # renamed first: a kill mid-delete leaves no half checkpoint under a step-N name
+            doomed = p.with_name(f"{p.name}.deleting")
+            os.replace(p, doomed)
+            shutil.rmtree(doomed)
+        return gone
+
     @staticmethod
     def load_state(ckpt: Path) -> dict:
         import torch

@@ -8,9 +8,7 @@ completion counts as real tokens (the model learns where to stop), as in LLaDA's
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import torch.nn.functional as F
 
 from dllm_ais.atomic import atomic_file
 from dllm_ais.progress import progress_bar
+from dllm_ais.train.interrupt import Preempted, install_sigint
 
 
 def sft_loss(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
@@ -52,23 +51,14 @@ def pad_completions(tokenizer, completions: list[str], length: int, eos_token_id
 
 @contextmanager
 def _stop_at_step_end():
-    """While active, the first Ctrl-C sets flag["stop"] (the current step finishes); a second one interrupts at once.
-    Outside the main thread signals cannot be handled: the flag then never rises."""
-    flag = {"stop": False}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum, frame):
-        if flag["stop"]:
-            raise KeyboardInterrupt
-        flag["stop"] = True
-
-    previous = signal.signal(signal.SIGINT, handler)
+    """While active, the first Ctrl-C / SIGTERM / SIGUSR1 sets flag["stop"] to its name (the current step finishes);
+    a second Ctrl-C interrupts at once. Outside the main thread signals cannot be handled: the flag never rises."""
+    flag = {"stop": None}
+    restore = install_sigint(lambda: flag["stop"] is not None, lambda why: flag.__setitem__("stop", why))
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, previous)
+        restore(flag["stop"] not in (None, "Ctrl-C"))
 
 
 def _save_partial(path: Path, model, opt, sched, step: int, gen: torch.Generator, noise: torch.Generator) -> None:
@@ -120,6 +110,8 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_si
                           "train command with --resume to continue it.", file=sys.stderr)
                 else:
                     print(f"SFT warm-up interrupted after {step}/{steps} steps; nothing was saved.", file=sys.stderr)
+                if flag["stop"] != "Ctrl-C":
+                    raise Preempted(flag["stop"])
                 raise KeyboardInterrupt
             _sft_step(model, tokenizer, pairs, batch_size, gen_length, loss_fn, eos_token_id, gen, noise, opt,
                       sched, device, encode_prompts, bar if progress else None, chat)

@@ -120,7 +120,7 @@ class Trainer:
         self.skipped = 0
         self.reward_errors = 0
         self._updated_this_step = False  # an update of the current step happened: the state is mid-step
-        self._stop_requested = False  # first Ctrl-C: finish the step, checkpoint, stop
+        self._stop_reason = None  # first Ctrl-C / SIGTERM / SIGUSR1: finish the step, checkpoint, stop
 
     # ---------------------------------------------------------------------------------------------------- models
     @property
@@ -346,7 +346,10 @@ class Trainer:
 
         The first Ctrl-C lets the current step finish, writes a checkpoint and raises KeyboardInterrupt; a second one
         (or any KeyboardInterrupt mid-step) stops at once, writing a checkpoint only if no update of the step has
-        happened yet — a checkpoint is always a step boundary, so --resume reproduces the uninterrupted run.
+        happened yet — a checkpoint is always a step boundary, so --resume reproduces the uninterrupted run. SIGTERM
+        or SIGUSR1 (a scheduler's stop) on any process: every process finishes the step, a verified checkpoint is
+        written and `Preempted` is raised (train/interrupt.py). Checkpoints are also written every `save_every`
+        steps, every `save_every_minutes` of wall time and at the end (train/trainer_state.py).
         """
         main = self.acc.is_main_process
         writer = M.MetricsWriter(self.run.path, trackers.start(self.acc, self.cfg, self.run.path)) if main else None
@@ -356,7 +359,9 @@ class Trainer:
 
             bar = tqdm(total=self.tc.steps, initial=self.step, desc="AIS-GRPO", unit="step")
         written, self.first_step = [], self.step  # first_step: where this call started (after a resume)
-        restore = install_sigint(lambda: self._stop_requested, lambda: setattr(self, "_stop_requested", True))
+        restore = install_sigint(lambda: self._stop_reason is not None, lambda why: setattr(self, "_stop_reason", why))
+        clock = trainer_state.SaveClock(self.tc.save_every_minutes)
+        preempted = False
         try:
             while self.step < self.tc.steps:
                 self._updated_this_step = False
@@ -380,34 +385,45 @@ class Trainer:
                 if bar is not None:
                     bar.set_postfix(reward=f"{row[M.REWARD_MEAN]:.3f}", lam=f"{row[M.AIS_LAMBDA]:.3f}")
                     bar.update(1)
-                if self._stop_requested:
+                # one decision for every process: a signal on any of them stops all at this step
+                ctrl_c, preempted, due = self._agree(self._stop_reason == "Ctrl-C",
+                                                     self._stop_reason not in (None, "Ctrl-C"), clock.due())
+                if ctrl_c or preempted:
                     raise KeyboardInterrupt
-                if self.tc.save_every and self.step % self.tc.save_every == 0 and self.step < self.tc.steps:
-                    self.save()
+                if self.step < self.tc.steps and (due or self.tc.save_every and self.step % self.tc.save_every == 0):
+                    trainer_state.checkpoint(self, clock)
         except KeyboardInterrupt:
             if self._updated_this_step:
                 latest = self.run.latest()
                 print(f"\ninterrupted during an update of step {self.step}: no checkpoint written (it would not be a "
                       f"step boundary); the newest is {latest}", file=sys.stderr)
             else:
-                path = self.save()
+                path = trainer_state.checkpoint(self, clock, verify=preempted)
+                if preempted:
+                    self.acc.wait_for_everyone()  # no process exits before the checkpoint is written and verified
+                    trainer_state.report_preempted(self, path)
+                    raise trainer_state.Preempted(self._stop_reason or "another process's signal") from None
                 print(f"\ninterrupted: checkpoint written to {path}; continue with --resume", file=sys.stderr)
             raise
         finally:
-            restore()
+            restore(preempted)
             if bar is not None:
                 bar.close()
             if writer is not None:
                 writer.close()
-        self.save()
+        trainer_state.checkpoint(self, clock)
         return written
 
     def _any_process(self, flag: bool) -> bool:
         """True if `flag` holds on any process (the same answer everywhere)."""
+        return self._agree(flag)[0]
+
+    def _agree(self, *flags: bool) -> list[bool]:
+        """Each flag: True if it holds on any process (the same answers everywhere; one all-reduce for all)."""
         if self.acc.num_processes == 1:
-            return bool(flag)
-        t = torch.tensor([1.0 if flag else 0.0], device=self.acc.device)
-        return bool(self.acc.reduce(t, reduction="sum").item() > 0)
+            return [bool(f) for f in flags]
+        t = torch.tensor([1.0 if f else 0.0 for f in flags], device=self.acc.device)
+        return [v > 0 for v in self.acc.reduce(t, reduction="sum").tolist()]
 
     def _reduce(self, row: dict[str, float]) -> dict[str, float]:
         """Combine every metric over processes by its kind (metrics.REDUCTIONS: min, max, else mean)."""

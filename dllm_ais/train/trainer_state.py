@@ -4,12 +4,55 @@ EMA λ and counters) and what `resume` reads back, so a resumed run continues ex
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 from pathlib import Path
 
 import torch
 
 from dllm_ais import metrics as M
+from dllm_ais.train.interrupt import RESUME_EXIT_CODE, Preempted
 from dllm_ais.train.run_dir import RunDir
+
+__all__ = ["Preempted", "SaveClock", "checkpoint", "report_preempted", "resume", "save"]
+
+
+class SaveClock:
+    """When the next wall-time checkpoint is due: `minutes` after the run (or this call of fit) started or after the
+    last checkpoint; never when minutes is 0."""
+
+    def __init__(self, minutes: float):
+        self.seconds = 60.0 * minutes
+        self.reset()
+
+    def reset(self) -> None:
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return self.seconds > 0 and time.monotonic() - self.last >= self.seconds
+
+
+def checkpoint(trainer, clock: SaveClock | None = None, verify: bool = False) -> Path | None:
+    """save(trainer), then (main process) delete the checkpoints beyond TrainConfig.keep_checkpoints (multiples of
+    save_every stay) and, with `verify`, read the new one back against its manifest (sha256 included); restarts
+    the wall-time clock. Returns the checkpoint's path on the main process, None elsewhere."""
+    path = save(trainer)
+    tc = trainer.tc
+    if path is not None:
+        trainer.run.prune(tc.keep_checkpoints, lambda step: bool(tc.save_every) and step % tc.save_every == 0)
+        if verify:
+            RunDir.verify(path)
+    if clock is not None:
+        clock.reset()
+    return path
+
+
+def report_preempted(trainer, path: Path | None) -> None:
+    """The main process's one line after a SIGTERM / SIGUSR1 stop."""
+    if path is not None:
+        print(f"\n{trainer._stop_reason or 'a signal to another process'}: stopped after step {trainer.step - 1}; "
+              f"checkpoint {path} written and verified; exiting with {RESUME_EXIT_CODE}: continue with "
+              f"`dllm-ais train --out {trainer.run.path} --resume`", file=sys.stderr, flush=True)
 
 
 def save(trainer) -> Path | None:
@@ -35,9 +78,12 @@ def save(trainer) -> Path | None:
 
 def resume(trainer, ckpt: Path | None) -> None:
     """Continue from `ckpt` (verified: run_dir.resume_checkpoint); None = no checkpoint yet, start over."""
+    main = trainer.acc.is_main_process
     if ckpt is None:  # interrupted before its first checkpoint: start over
-        if trainer.acc.is_main_process:
-            M.MetricsWriter(trainer.run.path).truncate_after(-1)
+        if main:
+            dropped = M.MetricsWriter(trainer.run.path).truncate_after(-1)
+            print(f"--resume: {trainer.run.path} has no checkpoint yet: GRPO starts at step 0{_dropped(dropped)}",
+                  file=sys.stderr, flush=True)
         return
     state = RunDir.load_state(ckpt)
     if trainer.fsdp:  # full tensors in the checkpoint: scatter them into this process's shards
@@ -56,5 +102,15 @@ def resume(trainer, ckpt: Path | None) -> None:
     if trainer.master_weights is not None:
         trainer.master_weights.load_state_dict(state["master_weights"])
     trainer._sync_rollout()
-    if trainer.acc.is_main_process:
-        M.MetricsWriter(trainer.run.path).truncate_after(trainer.step - 1)
+    if main:
+        dropped = M.MetricsWriter(trainer.run.path).truncate_after(trainer.step - 1)
+        print(f"--resume: continuing from {ckpt} at step {trainer.step}{_dropped(dropped)}", file=sys.stderr,
+              flush=True)
+
+
+def _dropped(steps: list[int]) -> str:
+    """'; dropped metrics.jsonl rows of steps 3–5 (redone)' or '; no metrics.jsonl rows dropped'."""
+    if not steps:
+        return "; no metrics.jsonl rows dropped"
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
+    return f"; dropped the metrics.jsonl rows of {span} (they are redone)"
