@@ -3,7 +3,7 @@ sibling script, not a package).
 
 Sections, in order (each under the part's deadline; a failed one is recorded and the next runs):
   window    the dual-cache window step [batch × block] over a cached canvas, eager: BF16 master vs FP8 copy;
-  graphed   the same step replayed from a CUDA graph (samplers/cuda_graphs.py), BF16 and FP8 (CUDA only: on CPU each
+  graphed   the same step replayed from a CUDA graph (samplers/diffusion_graphs.py), BF16 and FP8 (CUDA only: on CPU each
             row says "needs CUDA");
   block     one dual-cache block at the fixed schedule, 1 refresh + (steps per block − 1) window steps, FP8 (graphed on
             CUDA, eager elsewhere), against the BF16 master's uncached sampler: the same number of whole-canvas
@@ -23,12 +23,10 @@ NEEDS_CUDA = "needs CUDA (CUDA graphs)"
 
 
 def _graph_runner():
-    """samplers/cuda_graphs.py's graphed window step, or None where this tree does not have it."""
-    try:
-        from dllm_ais.samplers import cuda_graphs
-    except ImportError:
-        return None
-    return getattr(cuda_graphs, "graphed_window_step", None)
+    """samplers/diffusion_graphs.py's graphed window step (the sampler's own graphs under cuda_graphs='on')."""
+    from dllm_ais.samplers.diffusion_graphs import graphed_window_step
+
+    return graphed_window_step
 
 
 def graphed_window(s, model):
@@ -37,14 +35,10 @@ def graphed_window(s, model):
     from dllm_ais.samplers.diffusion import _logits
 
     runner = _graph_runner()
-    if runner is None:
-        raise RuntimeError("samplers/cuda_graphs.py has no graphed_window_step in this tree")
     kv = KVCache.for_model(model, s.x.shape[0], s.x.shape[1])
     _logits(model, s.x, s.attn, s.lo, s.hi, 0, kv, 0)
     block = s.x[:, s.lo:s.hi]
-    step = runner(model, kv, block, s.attn, s.lo)
-    step()  # capture (and warm-up) outside the timed calls
-    return step
+    return runner(model, kv, block, s.attn, s.lo)  # captured now (warm-up included), outside the timed calls
 
 
 def part_window(q, args, rows, deadline: float) -> None:
