@@ -5,9 +5,10 @@ The master is LLaDA-8B-shaped with random bf16 weights (scripts/bench_rollout.py
 model) wrapped in peft LoRA (r 128 as d1, α 64); the preset is `llada-8b-gsm8k` (G = 6, gen 256 in 8 blocks of 32,
 128 steps, β 0.04, 12 inner iterations, 2 micro-batches) with Fast-dLLM's dual cache and threshold 0.9, FP8 rollouts
 on the default backend, CUDA-graphed sampler steps where the sampler offers them, AIS on the trajectory mismatch ratio
-(the ELBO cannot see a cache) with one Horvitz–Thompson replayed step per block (`dllm-ais plan`'s own advice). Prompts are random strings
-(bench_rl_step.random_rows); the reward is bench_rl_step.text_reward. The prompt count is the largest (≤ 8) that the
-plan says fits the GPU and whose two planned steps, times PLAN_SAFETY, fit in RL_STEP_BUDGET_S (1 on CPU).
+(the ELBO cannot see a cache) with one Horvitz–Thompson replayed step per block (`dllm-ais plan`'s own advice).
+Prompts are random strings (bench_rl_step.random_rows); the reward is bench_rl_step.text_reward. The prompt count is
+the largest (≤ 8) that the plan says fits the GPU and whose two planned steps, times PLAN_SAFETY, fit in
+RL_STEP_BUDGET_S (1 on CPU).
 
 Random weights never pass a 0.9 threshold: every step commits only its forced top-1 token, so a rollout makes
 gen_length forwards (1 refresh + 31 window steps per block), not the fixed schedule's 128. The plan is therefore

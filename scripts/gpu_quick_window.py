@@ -3,8 +3,8 @@ sibling script, not a package).
 
 Sections, in order (each under the part's deadline; a failed one is recorded and the next runs):
   window    the dual-cache window step [batch × block] over a cached canvas, eager: BF16 master vs FP8 copy;
-  graphed   the same step replayed from a CUDA graph (samplers/diffusion_graphs.py), BF16 and FP8 (CUDA only: on CPU each
-            row says "needs CUDA");
+  graphed   the same step replayed from a CUDA graph (samplers/diffusion_graphs.py), BF16 and FP8 (CUDA only: on CPU
+            each row says "needs CUDA");
   block     one dual-cache block at the fixed schedule, 1 refresh + (steps per block − 1) window steps, FP8 (graphed on
             CUDA, eager elsewhere), against the BF16 master's uncached sampler: the same number of whole-canvas
             forwards, eager — the cache × FP8 × graphs factor (random weights never pass a threshold);
