@@ -4,23 +4,28 @@ included). The staged `gpu_check.sh --stage …` stays for longer budgets.
   bash scripts/gpu_check.sh --quick                         # GPU: LLaDA-8B shape, random bf16 weights
   python scripts/gpu_quick.py --device cpu --tiny           # CPU dry run: the same code at tiny shapes (CI runs it)
 
-Parts, each a subprocess under its own deadline (a part that hangs is killed; what it wrote stays), run in this order;
-summary.json and report.md are rebuilt after each:
-  eager     one process, one random LLaDA-8B-shaped master (bf16, no download):
+Parts, each a subprocess under its own deadline (a part that hangs is killed; what it wrote stays), run in this order
+(the figures the H200 run missed first, then the forward, then the kernel tests); summary.json and report.md are
+rebuilt after each:
+  window    scripts/gpu_quick_window.py: the dual-cache window step [32 × 32] over a cached 320-token canvas, BF16 vs
+            FP8, eager and replayed from a CUDA graph; one dual-cache block (1 refresh + 15 window steps) FP8 graphed
+            vs the BF16 master's 16 uncached forwards; the weight sync vs its floors; profiles of the window step
+            (profile_window.txt) and the sync (profile_sync.txt); the compiled window step, BF16 and FP8.
+  rl_step   scripts/gpu_quick_rl.py: two whole GRPO steps at llada-8b-gsm8k's shapes (random weights, LoRA r 128,
+            G 6, gen 256 in 8 blocks, dual cache + threshold 0.9, FP8 graphed rollouts, AIS, a checkpoint written and
+            verified), seconds per phase and peak memory next to `dllm-ais plan`'s prediction.
+  eager     one random LLaDA-8B-shaped master (bf16, no download):
             (a) one sampler forward at [32, 320] (the whole canvas in, the current 32-token block's logits out, exactly
                 as diffusion_sample calls the model): BF16 master, BF16 fused copy, FP8 copy on the default backend
                 (cublas on sm_90) and every other available block/row backend, all eager;
-            (b) the dual-cache window step: [32 × 32] tokens over a cached 320-token canvas, BF16 vs FP8;
-            (g) torch.profiler top-15 ops of one FP8 forward (profile_fp8.txt), of one BF16 and one FP8 window step
-                (profile_window.txt) and of one weight sync (profile_sync.txt): the two targets the H200 run missed;
-            (d) weight sync (sync_weights master → FP8 copy, as after every optimizer step) vs its bandwidth floor;
+            (g) torch.profiler top-15 ops of one FP8 forward (profile_fp8.txt);
             (e) Triton vs cuBLAS blockwise vs BF16 GEMM at two rollout shapes, and which row counts M cuBLAS's
                 blockwise mode accepts (cublas_accepts probes);
             (c) resident memory and forward peak of each copy, and the peak of one RL micro-batch (LoRA r=128 master,
                 forward + backward over the completion + an AdamW step, with and without gradient checkpointing).
-  tests     the kernel tests on CUDA (kernels vs their torch twins, compiled sampler step), ≤ 90 s.
   compiled  the sampler's compiled step (torch.compile mode="reduce-overhead", CUDA graphs) at the same shape: BF16
-            master, FP8 default backend, BF16 fused copy, then the compiled dual-cache window step (until the deadline).
+            master, FP8 default backend, BF16 fused copy.
+  tests     the kernel tests on CUDA (kernels vs their torch twins, compiled sampler step), ≤ 60 s.
 On CPU (--device cpu) the compiled part traces the same step with dynamo's "eager" backend (no inductor: seconds,
 not minutes), so the dry run exercises tracing, the recorded cuBLAS decisions and every summary key.
 
@@ -49,8 +54,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("eager", "tests", "compiled")
-PART_CAP_S = {"eager": 170, "tests": 90, "compiled": 240}  # each part's own limit (the budget may cut it shorter)
+PARTS = ("window", "rl_step", "eager", "compiled", "tests")
+PART_CAP_S = {"window": 100, "rl_step": 110, "eager": 60, "compiled": 70, "tests": 60}
+"""Each part's own limit in seconds (the budget may cut it shorter): 400 s in all, the 420 s call less the install."""
 SUMMARY_MARGIN_S = 8  # kept back from the budget for the last summary
 WORKLOAD = {  # batch, prompt length, gen length, block length; LoRA rank and RL micro-batch rows
     "full": dict(batch=32, prompt=64, gen=256, block=32, lora_r=128, micro_batch=3),
@@ -305,52 +311,12 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
             del copy
             _free(dev)
 
-    def window_section() -> None:
-        for name, build in (("bf16", lambda: s.master), ("fp8", lambda: s.fp8_copy(default))):
-            model = build()
-            step = s.window(model)
-            rows("window", f"window_ms_{name}", time_ms(step, dev))
-            del model, step
-            _free(dev)
-
     def profile_section() -> None:
-        from dllm_ais.fp8 import sync_weights
-
         copy = s.fp8_copy(default)
         head = f"{bench_env.device_name(dev)}, fp8 {default}"
         profile_to(args.out_dir / "profile_fp8.txt", f"one forward, {list(s.x.shape)}, {head}",
                    lambda c=copy: s.forward(c), dev)
         rows("profile", "profile_fp8", "profile_fp8.txt")
-        # the targets the H200 run missed, profiled where they happen: the window step (BF16 and FP8) and the sync
-        window_bf16, window_fp8 = s.window(s.master), s.window(copy)
-        texts = [profile_text(f"one dual-cache window step, bf16 master, [{s.w['batch']} x {s.w['block']}]",
-                              window_bf16, dev),
-                 profile_text(f"one dual-cache window step, {head}, [{s.w['batch']} x {s.w['block']}]", window_fp8,
-                              dev)]  # fmt: skip
-        from dllm_ais.atomic import atomic_write_text
-
-        atomic_write_text(args.out_dir / "profile_window.txt", "\n\n".join(texts) + "\n")
-        rows("profile", "profile_window", "profile_window.txt")
-        del window_bf16, window_fp8
-        profile_to(args.out_dir / "profile_sync.txt", f"one sync_weights master -> fp8 copy, {head}",
-                   lambda c=copy: sync_weights(s.master, c), dev)
-        rows("profile", "profile_sync", "profile_sync.txt")
-        del copy
-        _free(dev)
-
-    def sync_section() -> None:
-        from dllm_ais.fp8 import FP8Linear, sync_weights
-
-        copy = s.fp8_copy(default)
-        layers = [m for m in copy.modules() if isinstance(m, FP8Linear)]
-        params = sum(m.weight_q.numel() for m in layers)
-        scales = sum(m.weight_scale.numel() for m in layers)
-        moved = 2 * params + params + 4 * scales  # read bf16 weights, write e4m3 codes and fp32 scales
-        bench_fp8 = _script("bench_fp8")
-        bandwidth = bench_fp8.copy_bandwidth(dev, (1 << 30) if dev.type == "cuda" else (1 << 24), repeats=5)
-        rows("sync", "copy_bandwidth_GBps", bandwidth / 1e9)
-        rows("sync", "sync_floor_ms", moved / bandwidth * 1e3, params=params, bytes_moved=moved)
-        rows("sync", "sync_ms", time_ms(lambda c=copy: sync_weights(s.master, c), dev, warmup=1, repeats=3))
         del copy
         _free(dev)
 
@@ -418,9 +384,8 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
     def other_backends_section() -> None:  # last: the Triton GEMM autotunes on its first call
         measure_fp8([b for b in ("scaled_mm", "triton", "cublas") if b != default])
 
-    for name, fn in (("forward", forward_section), ("window", window_section), ("profile", profile_section),
-                     ("sync", sync_section), ("gemm", gemm_section), ("rl", rl_section),
-                     ("other_backends", other_backends_section)):  # fmt: skip
+    for name, fn in (("forward", forward_section), ("profile", profile_section), ("gemm", gemm_section),
+                     ("rl", rl_section), ("other_backends", other_backends_section)):  # fmt: skip
         _section(rows, name, deadline, fn)
 
 
@@ -454,18 +419,6 @@ def part_compiled(args, rows: Rows, deadline: float) -> None:
         except Exception as e:
             rows("compiled", f"forward_ms_{name}_compiled", status="failed", reason=bench_env.error_reason(e))
         model = None
-        _free(dev)
-    for name, build in (("bf16", lambda: s.master), ("fp8", lambda: s.fp8_copy(default))):
-        if time.time() > deadline - (30 if dev.type == "cuda" else 5):
-            rows("compiled", f"window_ms_{name}_compiled", status="skipped", reason="deadline")
-            continue
-        try:
-            model = build()
-            step = s.window(model, compiled=2)
-            rows("compiled", f"window_ms_{name}_compiled", time_ms(step, dev, warmup=3))
-        except Exception as e:
-            rows("compiled", f"window_ms_{name}_compiled", status="failed", reason=bench_env.error_reason(e))
-        model = step = None
         _free(dev)
     from dllm_ais.fp8.backends import cublas_fallbacks
 
@@ -554,8 +507,13 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(max(1, torch.get_num_threads()) if args.device == "cuda" else 1)
         rows = Rows(args.out_dir, args.part)
-        {"eager": part_eager, "tests": part_tests, "compiled": part_compiled}[args.part](
-            args, rows, args.deadline or time.time() + PART_CAP_S[args.part])
+        deadline = args.deadline or time.time() + PART_CAP_S[args.part]
+        if args.part == "window":
+            _script("gpu_quick_window").part_window(sys.modules[__name__], args, rows, deadline)
+        elif args.part == "rl_step":
+            _script("gpu_quick_rl").part_rl_step(sys.modules[__name__], args, rows, deadline)
+        else:
+            {"eager": part_eager, "tests": part_tests, "compiled": part_compiled}[args.part](args, rows, deadline)
         return 0
     import torch
 

@@ -19,6 +19,10 @@ GPU_ONLY = {  # keys that need a CUDA device (memory statistics, cuBLAS) or a kn
     "model_gib_bf16_master", "model_gib_fp8_copy", "peak_gib_bf16_forward", "peak_gib_fp8_forward",
     "fp8_peak_mem_ratio", "peak_gib_rl_microbatch", "peak_gib_rl_microbatch_checkpointed",
     "gemm_triton_vs_cublas_min", "gemm_cublas_vs_bf16_min", "cublas_rejected_m", "predicted",
+    # CUDA graphs (the CPU dry run writes "needs CUDA" rows for them), the plan's RL step (a known GPU kind)
+    "window_ms_bf16_graphed", "window_ms_fp8_graphed", "window_fp8_graphed_vs_bf16_eager",
+    "window_fp8_graphed_vs_bf16_graphed", "plan_rl_step_s", "rl_step_vs_plan", "rl_peak_gib", "plan_rl_peak_gib",
+    "rl_peak_vs_plan",
 }  # fmt: skip
 
 
@@ -52,8 +56,15 @@ def test_cpu_dry_run_writes_every_key_with_the_bare_image_imports_blocked(tmp_pa
     rows = quick.read_rows(tmp_path)
     assert not [r for r in rows if r["status"] == "failed"], [r for r in rows if r["status"] == "failed"]
     assert {r["part"] for r in rows} == set(parts)
+    graphed = [r for r in rows if r["section"] == "graphed" and r["metric"] != "section_s"]
+    assert len(graphed) == 2 and all(r["status"] == "skipped" and "needs CUDA" in r["reason"] for r in graphed)
+    # the RL step ran both steps, wrote and verified a checkpoint, and reports every phase
+    assert summary["rl_checkpoint_verified"] is True and summary["rl_prompts"] == 1 and summary["rl_nfe"] > 0
+    assert set(summary["rl_phases"]) == {"rollout", "likelihood", "update", "sync"}
+    assert all(v["measured_s"] > 0 for p, v in summary["rl_phases"].items() if p != "sync")
+    assert list(summary["parts"]) == ["window", "rl_step", "eager", "compiled", "tests"]  # missed figures first
     report = (tmp_path / "report.md").read_text()
-    assert "not measured" in report
+    assert "not measured" in report and "RL step by phase" in report
     for name in quick.PROFILES:  # each profile was written, with its header, and the report shows it
         text = (tmp_path / name).read_text()
         assert re.search(r"# wall [0-9.]+ ms under the profiler; \d+ device kernels", text), text[:300]
@@ -85,7 +96,14 @@ def test_summary_from_rows(tmp_path):
         dict(metric="forward_ms_bf16_fused_compiled", value=250.0),
         dict(metric="forward_ms_fp8_cublas_compiled", value=200.0),
         dict(metric="window_ms_bf16", value=20.0), dict(metric="window_ms_fp8", value=12.0),
-        dict(metric="window_ms_fp8_compiled", value=10.0),
+        dict(metric="window_ms_fp8_compiled", value=10.0), dict(metric="window_ms_bf16_graphed", value=16.0),
+        dict(metric="window_ms_fp8_graphed", value=8.0),
+        dict(metric="block_ms_fp8_graphed", value=100.0), dict(metric="block_ms_bf16_uncached", value=1200.0),
+        dict(metric="sync_fair_floor_ms", value=12.0),
+        dict(metric="prompts", value=3), dict(metric="nfe", value=256), dict(metric="rl_step_s", value=30.0),
+        dict(metric="plan_rl_step_s", value=20.0), dict(metric="peak_gib", value=40.0),
+        dict(metric="plan_peak_gib", value=38.0), dict(metric="checkpoint_verified", value=True),
+        dict(metric="rollout_s", value=10.0), dict(metric="plan_rollout_s", value=3.0),
         dict(metric="model_gib_bf16_master", value=16.0), dict(metric="forward_activation_gib_bf16_eager", value=2.0),
         dict(metric="model_gib_fp8_copy", value=9.0), dict(metric="forward_activation_gib_fp8_cublas_eager", value=1.0),
         dict(metric="sync_ms", value=30.0), dict(metric="sync_floor_ms", value=10.0),
@@ -102,13 +120,22 @@ def test_summary_from_rows(tmp_path):
     assert s["fp8_vs_bf16_eager"] == pytest.approx(2.0)  # the default backend's row, not the faster triton one
     assert s["forward_ms_bf16_compiled_best"] == 250.0
     assert s["fp8_vs_bf16_best"] == pytest.approx(250.0 / 165.0)  # best BF16 (fused compiled) / best FP8 (eager)
-    assert s["window_fp8_vs_bf16"] == pytest.approx(2.0)
+    assert s["window_fp8_vs_bf16"] == pytest.approx(20.0 / 12.0)  # eager vs eager (compiled has its own key)
+    assert s["window_fp8_graphed_vs_bf16_eager"] == pytest.approx(2.5)
+    assert s["window_fp8_graphed_vs_bf16_graphed"] == pytest.approx(2.0)
+    assert s["block_speedup"] == pytest.approx(12.0) and s["sync_vs_fair_floor"] == pytest.approx(2.5)
+    assert s["rl_step_vs_plan"] == pytest.approx(1.5) and s["rl_peak_vs_plan"] == pytest.approx(40 / 38)
+    assert s["rl_phases"]["rollout"] == {"measured_s": 10.0, "plan_s": 3.0}
+    assert s["rl_phases"]["update"] == {"measured_s": None, "plan_s": None}
     assert s["peak_gib_bf16_forward"] == 18.0 and s["fp8_peak_mem_ratio"] == pytest.approx(10.0 / 18.0)
     assert s["sync_vs_floor"] == pytest.approx(3.0)
     assert s["gemm_triton_vs_cublas_min"] == pytest.approx(0.6) and s["gemm_cublas_vs_bf16_min"] == pytest.approx(1.25)
     assert s["gpu_tests_failed"] == 2
     report = quick.report(s, tmp_path)
     assert "| sync_vs_floor | 3 |" in report and "NOT met" in report and "| fp8_vs_bf16_eager | 2 |" in report
+    assert "| rl_step_vs_plan | 1.5 |  | within 0.25: NOT met |" in report  # 50 % off the plan
+    assert "| rl_peak_vs_plan | 1.05 |  | within 0.1: met |" in report  # 5 % off
+    assert "| block_speedup | 12 |  | >= 10.0: met |" in report
     assert quick.gpu_kind(env["device"]) == "h100" and quick.gpu_kind("cpu") is None
 
 
