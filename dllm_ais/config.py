@@ -11,6 +11,7 @@ from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
+CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
 POLICY_LOGPROBS = ("one_step", "trajectory")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -75,6 +76,13 @@ class SamplerConfig:
     the threshold; the most confident one is still always committed). A safeguard against many near-certain tokens
     committed at once (d1 issue 25); the trajectory likelihood's selection terms model the cap. None = no cap."""
 
+    cuda_graphs: str = "auto"
+    """CUDA graphs for the sampler's forwards (samplers/diffusion_graphs.py): each static-shape step — the whole-canvas
+    step or refresh, the dual / prefix window step — is captured once per (batch, shape) and replayed, which removes
+    the per-kernel launch cost that bounds small steps (the FP8 window step). `auto` = on for CUDA rollouts, eager
+    elsewhere or (with a warning) where a capture fails; `on` = graphs or a one-line refusal (not CUDA, not a module);
+    `off` = never. Same results as eager up to kernel choice; with `compile` the compiled step is captured."""
+
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
             raise ValueError("gen_length, block_length and steps must all be >= 1.")
@@ -91,6 +99,9 @@ class SamplerConfig:
             raise ValueError(f"remasking={self.remasking!r}: use one of {', '.join(REMASKING)}.")
         if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale={self.cfg_scale} must be >= 0.")
+        if self.cuda_graphs not in CUDA_GRAPH_MODES:
+            raise ValueError(f"SamplerConfig.cuda_graphs={self.cuda_graphs!r}: use one of "
+                             f"{', '.join(CUDA_GRAPH_MODES)}.")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"SamplerConfig.cache={self.cache!r}: use one of {', '.join(CACHE_MODES)}.")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:

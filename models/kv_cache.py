@@ -1,16 +1,23 @@
 """A preallocated K/V cache for block-cached diffusion sampling (Fast-dLLM's prefix and dual cache).
 
-The cache holds the keys (RoPE applied) and values of every canvas position for every layer, in one buffer per
-tensor of static shape [n_layers, B, H, T, D]. A forward over a *window* of the canvas — the whole canvas at a
-block's refresh, [block start, T) for the prefix cache, the current block for the dual cache — writes the window's
-K/V into slots [s, s + Tw) and attends over all T slots with the full key-padding mask, so positions outside the
-window are seen as they were when last written (the cache's approximation). Writing the window's slots and attending
-over the buffer is Fast-dLLM's `replace_position` for the dual cache; for the prefix cache the window reaches the end
-of the canvas, which makes it the same as Fast-dLLM's concatenation of the cached prefix with the fresh K/V.
+The cache holds the keys (RoPE applied) and values of every canvas position for every layer, in one tensor per layer
+and kind (2·n_layers tensors of static shape [B, H, T, D]). A forward over a *window* of the canvas — the whole
+canvas at a block's refresh, [block start, T) for the prefix cache, the current block for the dual cache — writes the
+window's K/V into slots [s, s + Tw) and attends over all T slots with the full key-padding mask, so positions outside
+the window are seen as they were when last written (the cache's approximation). Writing the window's slots and
+attending over the buffer is Fast-dLLM's `replace_position` for the dual cache; for the prefix cache the window reaches
+the end of the canvas, which makes it the same as Fast-dLLM's concatenation of the cached prefix with the fresh K/V.
+
+Why one tensor per layer: with a single [n_layers, B, H, T, D] buffer, `index_copy_` into layer i's view is, once
+functionalised (torch.compile), a select_scatter of the whole buffer, which inductor materialises — a compiled window
+step copied the whole cache several times per layer (tests/test_kv_cache_compile.py counts it). Separate tensors are
+graph inputs that inductor writes in place (the window's slots only). Autograd needs them too: the likelihood replay
+(likelihood/replay.py) writes a cache layer by layer under autograd, which a shared buffer saved by an earlier
+layer's attention refuses.
 
 Keys are cached after RoPE (Fast-dLLM caches them before and rotates every step: the same values, less work).
-Shapes never depend on the window's start (it is an index, an int or a 0-dim tensor), so a compiled step function
-serves every block of a given window length; the buffer can be marked as a static address for CUDA graphs.
+Shapes never depend on the window's start (it is an index, an int or a 0-dim tensor), so a compiled step function or
+a CUDA graph (samplers/cuda_graphs.py) serves every block of a given window length; the tensors keep their address.
 """
 
 from __future__ import annotations
@@ -23,39 +30,57 @@ import torch.nn.functional as F
 
 @dataclass
 class KVCache:
-    """Keys and values of every layer and canvas position."""
+    """Keys and values of every layer and canvas position, one tensor per layer."""
 
-    k: torch.Tensor
-    """[n_layers, B, H, T, D] keys after RoPE, in the model's dtype."""
-    v: torch.Tensor
-    """[n_layers, B, H, T, D] values."""
+    k: list[torch.Tensor]
+    """Per layer [B, H, T, D] keys after RoPE, in the model's dtype."""
+    v: list[torch.Tensor]
+    """Per layer [B, H, T, D] values."""
 
     @classmethod
     def allocate(cls, n_layers: int, batch: int, heads: int, length: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype) -> KVCache:
-        """Zero-filled buffers (every slot is written by a block's refresh forward before it is read)."""
-        shape = (n_layers, batch, heads, length, head_dim)
-        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        """Zero-filled tensors (every slot is written by a block's refresh forward before it is read)."""
+        shape = (batch, heads, length, head_dim)
+        zeros = lambda: torch.zeros(shape, device=device, dtype=dtype)  # noqa: E731
+        return cls([zeros() for _ in range(n_layers)], [zeros() for _ in range(n_layers)])
 
     @classmethod
     def for_model(cls, model, batch: int, length: int) -> KVCache:
-        """A cache sized for `model` (LLaDAModelLM or FusedLLaDA: its config and embedding dtype/device)."""
+        """A cache sized for `model` (LLaDAModelLM, a peft or DDP-style wrapper of it, or FusedLLaDA: its config and
+        embedding dtype/device)."""
+        model = unwrap(model)
         config, weight = model.config, model.get_input_embeddings().weight
         return cls.allocate(config.n_layers, batch, config.n_heads, length, config.head_dim, weight.device,
                             weight.dtype)
 
     @property
     def length(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views [B, H, T, D] of layer i's keys and values (writes go to the buffer)."""
+        """Layer i's keys and values [B, H, T, D] (written in place by `attend`)."""
         return self.k[i], self.v[i]
 
+    def rows(self, index: torch.Tensor) -> KVCache:
+        """A copy holding rows `index` [m] of every layer (a later window forward may write into it)."""
+        return KVCache([k.index_select(0, index) for k in self.k], [v.index_select(0, index) for v in self.v])
+
     def mark_static(self) -> None:
-        """Tell dynamo the buffers keep their address (CUDA graphs may then mutate them in place)."""
-        torch._dynamo.mark_static_address(self.k)
-        torch._dynamo.mark_static_address(self.v)
+        """Tell dynamo the tensors keep their address (CUDA graphs may then mutate them in place)."""
+        for t in (*self.k, *self.v):
+            torch._dynamo.mark_static_address(t)
+
+
+def unwrap(model):
+    """The model under DDP-style wrappers (`.module`), for its config; peft models forward attribute access."""
+    while hasattr(model, "module") and not hasattr(model, "config"):
+        model = model.module
+    return model
 
 
 def window_index(window_start: int | torch.Tensor, window_length: int, device: torch.device) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Autoregressive sampling on the compact rollout model (models/qwen_rollout.py): static KV cache, chunked prefill, and
 a decode step that touches only preallocated device tensors, so on CUDA it is captured once as a CUDA graph and
-replayed per token (gpt-fast's structure, with explicit `torch.cuda.CUDAGraph` capture instead of torch.compile).
+replayed per token (gpt-fast's structure, with explicit `torch.cuda.CUDAGraph` capture instead of torch.compile;
+the capture is samplers/cuda_graphs.py's, shared with the diffusion sampler).
 
 The distribution sampled from and the value recorded are exactly those of `samplers/autoregressive.py`
 (`sampling_logprobs`, Gumbel-max on the same uniform draws: `torch.rand([B, V], float64)` from the caller's generator,
@@ -30,6 +31,7 @@ import torch
 from dllm_ais.progress import progress_bar
 from dllm_ais.types import Rollout
 
+from . import cuda_graphs
 from .ar_common import ARSamplerConfig, check_prompts, gumbel_argmax, sampling_logprobs
 
 
@@ -111,23 +113,15 @@ class StaticDecoder:
         self.sample_column(logits)
 
     def capture(self) -> None:
-        """Record `step` as a CUDA graph (after two warm-up steps on a side stream for JIT/cuBLAS set-up). The warm-up
-        and capture scribble on the buffers; `reset` overwrites everything that is read before it is written."""
-        self.t.fill_(1)
-        side = torch.cuda.Stream(self.t.device)
-        side.wait_stream(torch.cuda.current_stream(self.t.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.t.fill_(1)
-                self.slot.zero_()
-                self.step()
-        torch.cuda.current_stream(self.t.device).wait_stream(side)
-        self.t.fill_(1)
-        self.slot.zero_()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.step()
-        self.graph = graph
+        """Record `step` as a CUDA graph (samplers/cuda_graphs.capture: two warm-up steps on a side stream for JIT /
+        cuBLAS set-up, each from column 1 and slot 0). The warm-up and capture scribble on the buffers; `reset`
+        overwrites everything that is read before it is written."""
+
+        def rewind() -> None:
+            self.t.fill_(1)
+            self.slot.zero_()
+
+        self.graph, _ = cuda_graphs.capture(self.step, self.t.device, warmup=2, prepare=rewind)
 
     def run_step(self) -> None:
         if self.graph is None:

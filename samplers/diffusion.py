@@ -28,7 +28,8 @@ Fast-dLLM (NVlabs/Fast-dLLM `llada/generate.py`), one loop for every rollout cop
   from the cached forward: that is the approximation the trajectory ratio measures). `logp_rollout` records log μ of
   each committed token at its step (`likelihood.logprobs.proposal_logprobs` on the logits already there).
 Compiled sampling (CUDA, or DLLM_AIS_COMPILE_CPU=1) pads prompts to multiples of PROMPT_BUCKET so a run keeps one
-graph per window shape, and warns if dynamo gives up.
+graph per window shape, and warns if dynamo gives up. SamplerConfig.cuda_graphs (on CUDA by default) captures each
+static-shape forward once as a CUDA graph and replays it (samplers/diffusion_graphs.py), eager or compiled.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from dllm_ais.config import SamplerConfig
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.progress import progress_bar
 from dllm_ais.types import Rollout
+
+from . import cuda_graphs, diffusion_graphs
+from .diffusion_graphs import model_step as _step
 
 
 def transfer_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
@@ -133,7 +137,8 @@ def _compile_on_cpu() -> bool:
 
 
 def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: int, compiled: int = 0,
-            kv_cache: KVCache | None = None, window_start: int = 0) -> torch.Tensor:
+            kv_cache: KVCache | None = None, window_start: int = 0,
+            graphs: diffusion_graphs.SamplerGraphs | None = None) -> torch.Tensor:
     """Logits [B, hi - lo, V] (float32) of input positions lo:hi.
 
     kv_cache None: x is the whole canvas. Else x is the window [window_start, window_start + Tw) of the canvas,
@@ -141,7 +146,13 @@ def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: i
     compiled: 0 = eager; n > 0 = through the one compiled step function, whose graphs a rollout needs n of per prompt
     bucket (full / refresh / one window shape per block for the prefix cache), with the positions (and the window
     start) as tensors so every block of a window shape reuses the same graph (and CUDA graph); the output is copied
-    out of the graph's memory before the next replay."""
+    out of the graph's memory before the next replay. graphs: the call's CUDA-graph runner
+    (samplers/diffusion_graphs.py) or None; it replays the (compiled or eager) step captured for this shape."""
+    if graphs is not None:
+        positions = torch.arange(lo, hi, device=x.device).expand(x.shape[0], -1)  # [B, hi - lo]
+        start = torch.tensor(window_start, device=x.device)
+        out = graphs.logits(model, x, attention_mask, positions, kv_cache, start)
+        return out.to(torch.float32, copy=True)  # out of the graph's memory before the next replay
     if not compiled:
         extra = {} if kv_cache is None else dict(kv_cache=kv_cache, window_start=window_start)
         return model(input_ids=x, attention_mask=attention_mask, positions=slice(lo, hi), **extra).logits.float()
@@ -152,20 +163,12 @@ def _logits(model, x: torch.Tensor, attention_mask: torch.Tensor, lo: int, hi: i
     return _run_compiled(model, x, attention_mask, positions, kv_cache, start, compiled).to(torch.float32, copy=True)
 
 
-def _step(model, x: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
-          kv_cache: KVCache | None = None, window_start: torch.Tensor | None = None) -> torch.Tensor:
-    if kv_cache is None:
-        return model(input_ids=x, attention_mask=attention_mask, positions=positions).logits
-    return model(input_ids=x, attention_mask=attention_mask, positions=positions, kv_cache=kv_cache,
-                 window_start=window_start).logits
-
-
 @functools.cache
-def _compiled_step(device_type: str = "cuda"):
+def _compiled_step(device_type: str = "cuda", cudagraphs: bool = True):
     """torch.compile of _step (the model is an argument, so one cache serves every model, guarded per model).
-    CUDA: mode="reduce-overhead" (CUDA graphs); CPU (tests): mode="default". dynamic=False: prompts are padded to
-    PROMPT_BUCKET so a run's shapes repeat."""
-    mode = "reduce-overhead" if device_type == "cuda" else "default"
+    CUDA: mode="reduce-overhead" (CUDA graphs), or "default" when our own graphs capture it (cuda_graphs); CPU
+    (tests): mode="default". dynamic=False: prompts are padded to PROMPT_BUCKET so a run's shapes repeat."""
+    mode = "reduce-overhead" if device_type == "cuda" and cudagraphs else "default"
     return torch.compile(_step, mode=mode, dynamic=False)
 
 
@@ -173,7 +176,8 @@ _GAVE_UP: set[str] = set()
 """Device types where dynamo gave up (recompile limit hit): sampling there runs eager, warned once."""
 
 
-def _run_compiled(model, x, attention_mask, positions, kv_cache, window_start, graphs: int = 1) -> torch.Tensor:
+def _run_compiled(model, x, attention_mask, positions, kv_cache, window_start, graphs: int = 1,
+                  cudagraphs: bool = True) -> torch.Tensor:
     """The compiled step; if dynamo gives up (recompile limit hit) warn once and run eager from then on, never
     silently. Graph breaks found while compiling are reported as a warning too (they cost speed, not results).
     graphs: distinct graphs one prompt bucket needs; dynamo's recompile_limit is scaled by it (it then counts prompt
@@ -185,7 +189,7 @@ def _run_compiled(model, x, attention_mask, positions, kv_cache, window_start, g
     try:
         limit = torch._dynamo.config.recompile_limit * graphs
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=limit):
-            out = _compiled_step(device)(model, x, attention_mask, positions, kv_cache, window_start)
+            out = _compiled_step(device, cudagraphs)(model, x, attention_mask, positions, kv_cache, window_start)
     except torch._dynamo.exc.FailOnRecompileLimitHit as err:
         _GAVE_UP.add(device)
         warnings.warn(f"diffusion_sample: torch.compile gave up ({err}); the sampler runs EAGER from now on. Use "
@@ -199,6 +203,25 @@ def _run_compiled(model, x, attention_mask, positions, kv_cache, window_start, g
         warnings.warn(f"diffusion_sample: the compiled step has {breaks} graph break(s) ({reasons}); it runs "
                       "partly eager (slower, same results).", RuntimeWarning, stacklevel=3)
     return out
+
+
+def _want_graphs(model, mode: str, device: torch.device) -> bool:
+    """SamplerConfig.cuda_graphs resolved for this call: 'on' off CUDA or on a model that is not an nn.Module (a
+    graph reads weights by address, which only a module's parameters tell) is refused in one ValueError line; 'auto'
+    there runs eager (with a warning for the non-module case)."""
+    if not cuda_graphs.use_graphs(mode, device):
+        return False
+    if not isinstance(model, torch.nn.Module):
+        why = f"the rollout model is a {type(model).__name__}, not an nn.Module (its weights' addresses are unknown)"
+        if mode == "on":
+            raise ValueError(f"cuda_graphs='on': {why}; pass --cuda-graphs auto or off.")
+        warnings.warn(f"cuda_graphs='auto': {why}; sampling runs eager.", RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+_graph_runner = diffusion_graphs.runner
+"""Test hook: the CUDA-graph runner factory (tests inject cuda_graphs.eager_capture through it)."""
 
 
 @torch.no_grad()
@@ -238,10 +261,11 @@ def diffusion_sample(
 
     orig_ids, prompt_mask = prompt_ids, prompt_mask.bool()
     device = prompt_ids.device
+    graphed = _want_graphs(model, config.cuda_graphs, device)  # refuses 'on' here, before anything is allocated
     compiled = config.compile and (device.type == "cuda" or _compile_on_cpu())
     if compiled:  # graphs per prompt bucket: full (no cache) or refresh + window(s)
         compiled = 1 if config.cache == "none" else 1 + (config.num_blocks if config.cache == "prefix" else 1)
-    if compiled:  # one graph per run: bucketed prompt length (left padding changes no real token's result)
+    if compiled or graphed:  # one graph per run: bucketed prompt length (left padding changes no real token's result)
         prompt_ids, prompt_mask = pad_prompts_to_bucket(prompt_ids, prompt_mask, mask_token_id)
     B, P = prompt_ids.shape
     L, Lb = config.gen_length, config.block_length
@@ -249,7 +273,7 @@ def diffusion_sample(
     attn = torch.cat([prompt_mask, torch.ones(B, L, dtype=torch.bool, device=device)], dim=1)  # [B, P + L]
     commit_step = torch.full((B, L), -1, dtype=torch.long, device=device)
     logp = torch.zeros(B, L, dtype=torch.float32, device=device)
-    if compiled and isinstance(model, torch.nn.Module):  # backend decisions per GEMM shape, made before compiling
+    if (compiled or graphed) and isinstance(model, torch.nn.Module):  # GEMM backend decisions, before compiling
         from dllm_ais.fp8.backends import prepare_gemm_shapes
 
         prepare_gemm_shapes(model, forward_rows(B, P, config))
@@ -257,10 +281,14 @@ def diffusion_sample(
     confidence_record = torch.full((B, L), torch.nan, dtype=torch.float32, device=device) if low_conf else None
     select = torch.zeros(B, L, dtype=torch.float64, device=device) if record_selection else None
     rule = SelectionRule.of(config, mask_token_id)
+    graphs = None
+    if graphed:  # the step: compiled without inductor's own CUDA graphs, or eager
+        step = functools.partial(_run_compiled, graphs=compiled, cudagraphs=False) if compiled else _step
+        graphs = _graph_runner(model, config.cuda_graphs, B, P + L, config.cache, step, bool(compiled))
     kv_cache = None
     if config.cache != "none":
-        kv_cache = KVCache.for_model(model, B, P + L)
-        if compiled and device.type == "cuda":
+        kv_cache = graphs.kv_cache(model, B, P + L) if graphs else KVCache.for_model(model, B, P + L)
+        if compiled and device.type == "cuda" and not graphs:
             kv_cache.mark_static()
     steps_per_block = config.steps // config.num_blocks
     total = config.steps if config.threshold is None else None
@@ -274,17 +302,17 @@ def diffusion_sample(
             # Only the current block can be committed, so only its logits are computed (LM head cost / num_blocks).
             masked = x[:, lo:hi] == mask_token_id  # [B, Lb]
             if kv_cache is None:
-                logits = _logits(model, x, attn, lo, hi, compiled)  # [B, Lb, V]
+                logits = _logits(model, x, attn, lo, hi, compiled, graphs=graphs)  # [B, Lb, V]
             elif i == 0:  # the block's refresh: a full forward that (re)writes every cached position
-                logits = _logits(model, x, attn, lo, hi, compiled, kv_cache, 0)
+                logits = _logits(model, x, attn, lo, hi, compiled, kv_cache, 0, graphs)
             elif config.cache == "prefix":  # recompute the block and everything after it
-                logits = _logits(model, x[:, lo:], attn, 0, Lb, compiled, kv_cache, lo)
+                logits = _logits(model, x[:, lo:], attn, 0, Lb, compiled, kv_cache, lo, graphs)
             else:  # dual: recompute the current block only
-                logits = _logits(model, x[:, lo:hi], attn, 0, Lb, compiled, kv_cache, lo)
+                logits = _logits(model, x[:, lo:hi], attn, 0, Lb, compiled, kv_cache, lo, graphs)
             if config.cfg_scale > 0:
                 uncond = x.clone()
                 uncond[:, :P][prompt_mask] = mask_token_id
-                un_logits = _logits(model, uncond, attn, lo, hi, compiled)
+                un_logits = _logits(model, uncond, attn, lo, hi, compiled, graphs=graphs)
                 logits = un_logits + (config.cfg_scale + 1) * (logits - un_logits)
             if select is not None and low_conf:  # before the mask token leaves the logits
                 step_logits = logits.clone()

@@ -12,55 +12,17 @@ a mask). What the step's logits were depends on the sampler's cache (SamplerConf
   K/V too).
 
 `step_logits` returns, for n (row, step) pairs, the logits at requested positions of each step's block. Refresh
-forwards are shared by the steps of one (row, block) in a call. Under autograd the cache is one tensor per layer
-(`LayerCache`): the shared buffer of models/kv_cache.py is written layer by layer in place, which autograd refuses
-once an earlier layer's attention has saved it.
+forwards are shared by the steps of one (row, block) in a call. The cache is the sampler's (models/kv_cache.py): one
+tensor per layer, so writing it layer by layer in place under autograd is allowed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from dllm_ais.config import SamplerConfig
+from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.types import Rollout
-
-
-@dataclass
-class LayerCache:
-    """K/V cache with one tensor per layer (models/kv_cache.KVCache's interface: `layer(i)`, `length`)."""
-
-    k: list[torch.Tensor]
-    """Per layer [B, H, T, D] keys after RoPE."""
-    v: list[torch.Tensor]
-    """Per layer [B, H, T, D] values."""
-
-    @classmethod
-    def for_model(cls, model, batch: int, length: int) -> LayerCache:
-        base = unwrap(model)
-        config, weight = base.config, base.get_input_embeddings().weight
-        shape = (batch, config.n_heads, length, config.head_dim)
-        zeros = lambda: torch.zeros(shape, device=weight.device, dtype=weight.dtype)  # noqa: E731
-        return cls([zeros() for _ in range(config.n_layers)], [zeros() for _ in range(config.n_layers)])
-
-    @property
-    def length(self) -> int:
-        return self.k[0].shape[2]
-
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[i], self.v[i]
-
-    def rows(self, index: torch.Tensor) -> LayerCache:
-        """A copy holding rows `index` [m] of every layer (a later window forward may write into it)."""
-        return LayerCache([k.index_select(0, index) for k in self.k], [v.index_select(0, index) for v in self.v])
-
-
-def unwrap(model):
-    """The model under DDP-style wrappers (`.module`), for its config; peft models forward attribute access."""
-    while hasattr(model, "module") and not hasattr(model, "config"):
-        model = model.module
-    return model
 
 
 def canvases(rollout: Rollout, rows: torch.Tensor, steps: torch.Tensor, mask_token_id: int
@@ -124,7 +86,7 @@ def step_logits(model, rollout: Rollout, rows: torch.Tensor, steps: torch.Tensor
         uniq, inv = torch.unique(r, return_inverse=True)  # one refresh per row of this block
         first_t0 = torch.zeros_like(uniq).scatter_(0, inv, start)
         ids0, attn0 = canvases(rollout, uniq, first_t0, mask_token_id)
-        cache = LayerCache.for_model(model, uniq.numel(), ids0.shape[1])
+        cache = KVCache.for_model(model, uniq.numel(), ids0.shape[1])
         refresh = model(input_ids=ids0, attention_mask=attn0, positions=slice(lo, lo + Lb), kv_cache=cache,
                         window_start=0).logits.float()  # [u, Lb, V]
         at_refresh = t == start

@@ -72,6 +72,7 @@ def check_combinations(typed: dict[str, object], preset: Preset) -> None:
             raise ValueError(f"{' / '.join(idle)} with --rollout-precision bf16: the rollout policy is the BF16 "
                              "master itself, so every weight is 1 (ω ≡ 1) and the correction changes nothing; roll "
                              "out in fp8 or fp4, or drop the correction flags.")
+    check_cuda_graphs(preset)
     for flag, used, needs in NEEDS:
         if flag in typed and not used(preset):
             raise ValueError(f"{flag} has no effect here: it needs {needs}; drop {flag} or add that.")
@@ -82,6 +83,15 @@ def check_combinations(typed: dict[str, object], preset: Preset) -> None:
         raise ValueError(f"--correction {alias} is TRL's name for --correction {TRL_ALIASES[alias][0]} "
                          f"--correction-level {TRL_ALIASES[alias][1]}; it contradicts --correction-level {level}. "
                          f"Drop one of them.")
+
+
+def check_cuda_graphs(preset: Preset) -> None:
+    """Refuse --cuda-graphs on for rollouts that do not run on CUDA (one ValueError line, before anything is written;
+    the sampler refuses the same at its start, samplers/cuda_graphs.use_graphs). auto / off pass everywhere."""
+    device = preset.model.device
+    if preset.sampler.cuda_graphs == "on" and not str(device).startswith("cuda"):
+        raise ValueError(f"--cuda-graphs on needs CUDA rollouts but --device is {device}; use --cuda-graphs auto "
+                         "(graphs on CUDA, eager elsewhere) or off, or --device cuda.")
 
 
 def _leaves(obj, prefix: str = "") -> dict[str, object]:
