@@ -23,11 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernels import _round_to_e4m3, _scale_from_amax
+from .kernels import INTERPRET, _round_to_e4m3, _scale_from_amax
 from .quant import BLOCK, FP8_DTYPE, num_blocks
 
 TILES = 4  # 128×128 tiles per program
-ROWS = 32  # rows per chunk: 32 × 128 values over 4 warps = 32 fp32 per thread
+ROWS = 128 if INTERPRET else 32  # rows per chunk: 32 × 128 over 4 warps = 32 fp32 per thread (interpreter: 1 chunk)
 WARPS = 4
 ALIGN = 16  # element offsets and row strides must be multiples of this (16-byte vectors for bf16 and e4m3)
 _FIELDS = 8  # w_off, q_off, s_off, N, K, stride_wn, KB, unused
@@ -146,4 +146,4 @@ def aot_launches() -> list:
     format of producer_kernels.aot_launches)."""
     args = dict(w_base="*bf16", q_base="*fp8e4nv", s_base="*fp32", tasks_ptr="*i64", progs_ptr="*i32")
     return [("grouped_weight_quant", _grouped_weight_quant_kernel, args,
-             dict(TILES=TILES, BLOCK=BLOCK, ROWS=ROWS, ALIGN=ALIGN), WARPS)]  # fmt: skip
+             dict(TILES=TILES, BLOCK=BLOCK, ROWS=32, ALIGN=ALIGN), WARPS)]  # fmt: skip (the GPU's ROWS)
