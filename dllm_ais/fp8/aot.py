@@ -198,8 +198,24 @@ def producer_rows() -> list[Row]:
     return rows
 
 
+def weight_quant_rows() -> list[Row]:
+    """Compile the weight sync's quantisers: the per-tensor kernel (kernels.quantize_weight: one 128×128 tile per
+    8-warp program) and the grouped one of the sync (grouped_quant.py: several tiles per program, chunked rows)."""
+    from . import grouped_quant, kernels
+
+    rows = []
+    args = dict(w_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", N=D_FF, K=D_MODEL, KB=D_MODEL // 128,
+                stride_wn=D_MODEL)  # fmt: skip
+    compiled = _compile(kernels._weight_quant_kernel, args, dict(BLOCK_SIZE=128), 8, 1)
+    rows.append(_row("weight_quant", "w8 BLOCK_SIZE=128 (1 tile)", compiled))
+    for name, fn, args, const, warps in grouped_quant.aot_launches():
+        compiled = _compile(fn, args, const, warps, 1)
+        rows.append(_row(name, f"w{warps} TILES={const['TILES']} ROWS={const['ROWS']}", compiled))
+    return rows
+
+
 def _table_in_process() -> list[Row]:
-    return gemm_rows() + gemm_rows(tma=True) + producer_rows()
+    return gemm_rows() + gemm_rows(tma=True) + producer_rows() + weight_quant_rows()
 
 
 @functools.cache

@@ -30,7 +30,7 @@ SiLU·up→quant and attention-output→quant); scaled_mm's gemm takes row scale
 consumes as is and the Triton GEMM reads contiguously; torchao reads [M, G] row-major and gets a copy. The Triton
 paths go through the torch.library ops of ops.py, so torch.compile traces them without a graph break.
 
-`layer` below is anything with weight_q [N, K] e4m3, weight_scale, bias, in_features, out_features (an FP8Linear).
+`layer` below is anything with weight_q [N, K] e4m3, weight_scale, bias, in_features, out_features (an FP8Linear; typed as FP8Layer).
 """
 
 from __future__ import annotations
@@ -40,15 +40,23 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from . import quant
+from .eager import eager_or_op
 from .quant import FP8_DTYPE
 
-if TYPE_CHECKING:  # type hints only: linear.py imports this module
-    from .linear import FP8Linear
+
+class FP8Layer(Protocol):
+    """What a backend reads of a layer (an FP8Linear; this module does not import linear.py, which imports it)."""
+
+    weight_q: torch.Tensor  # [N, K] e4m3
+    weight_scale: torch.Tensor  # [ceil(N/128), ceil(K/128)] ("block") or [N, 1] ("row") fp32
+    bias: torch.Tensor | None  # [N] or None
+    in_features: int
+    out_features: int
 
 
 class FP8BackendError(ValueError):
@@ -59,22 +67,22 @@ class FP8BackendError(ValueError):
 # sibling gemm / forward functions: x [M, K] -> y [M, N] (fp32 or bf16; FP8Linear casts to x.dtype)
 
 
-def _gemm_torch(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _gemm_torch(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     return quant.fp8_gemm_reference(xq, xs, layer.weight_q, layer.weight_scale, out_dtype=torch.float32)
 
 
-def _gemm_triton(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear, out_dtype: torch.dtype) -> torch.Tensor:
+def _gemm_triton(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Layer, out_dtype: torch.dtype) -> torch.Tensor:
     from . import ops
 
     return ops.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale, out_dtype)
 
 
-def _gemm_triton_bf16(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
-    """bf16 out unless the layer has a bias (added in fp32 by FP8Linear)."""
+def _gemm_triton_bf16(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
+    """bf16 out unless the layer has a bias (added in fp32 by FP8Layer)."""
     return _gemm_triton(xq, xs, layer, torch.bfloat16 if layer.bias is None else torch.float32)
 
 
-def _gemm_torchao(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _gemm_torchao(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     from . import ops
 
     return ops.torchao_gemm(xq, xs, layer.weight_q, layer.weight_scale)  # [M, N] bf16
@@ -86,26 +94,26 @@ def _quantize_act_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ops.quantize_act(x)
 
 
-def _forward_torch(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _forward_torch(x: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     return _gemm_torch(*quant.quantize_act(x), layer)  # x [M, K] -> [M, K], [M, G] -> [M, N]
 
 
-def _forward_triton(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _forward_triton(x: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     out_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 and layer.bias is None else torch.float32
     return _gemm_triton(*_quantize_act_triton(x), layer, out_dtype)
 
 
-def _gemm_scaled_mm(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _gemm_scaled_mm(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     """xq [M, K] e4m3, ROW scales xs [M, 1] fp32 -> y [M, N] bf16."""
     w_t, ws_t = layer.weight_q.t(), layer.weight_scale.t()  # [K, N] column-major, [1, N]
     return torch._scaled_mm(xq, w_t, scale_a=xs, scale_b=ws_t, out_dtype=torch.bfloat16)
 
 
-def _forward_scaled_mm(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _forward_scaled_mm(x: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     return _gemm_scaled_mm(*quant.quantize_rowwise(x), layer)  # [M, K], [M, 1] -> [M, N]
 
 
-def _forward_torchao(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _forward_torchao(x: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     return _gemm_torchao(*_quantize_act_triton(x), layer)
 
 
@@ -127,7 +135,7 @@ def quantize_act_block(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, outer_dim_major(xs)
 
 
-def _cublas_fits(layer: FP8Linear) -> bool:
+def _cublas_fits(layer: FP8Layer) -> bool:
     """cuBLAS's blockwise mode wants whole 128-blocks: scale shapes [M, K/128] and [N/128, K/128] exactly."""
     return layer.in_features % quant.BLOCK == 0 and layer.out_features % quant.BLOCK == 0
 
@@ -205,8 +213,7 @@ def prepare_gemm_shapes(model: torch.nn.Module, rows: Iterable[int]) -> dict[str
     return rejected
 
 
-@torch.library.custom_op("dllm_ais::cublas_blockwise_gemm", mutates_args=())
-def cublas_blockwise_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+def _cublas_blockwise_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
     """cuBLAS's blockwise FP8 GEMM: xq [M, K] e4m3, xs [M, K/128] fp32 (any layout), wq [N, K] e4m3, ws [N/128, K/128]
     -> [M, N] bf16, through torch._scaled_mm with 1×128 / 128×128 scales. A custom op, so torch.compile calls it as
     one opaque kernel: inductor never lowers or autotunes _scaled_mm with blockwise scales (torch 2.11's autotuner
@@ -214,12 +221,18 @@ def cublas_blockwise_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, 
     return torch._scaled_mm(xq, wq.t(), scale_a=outer_dim_major(xs), scale_b=ws.t(), out_dtype=torch.bfloat16)
 
 
-@cublas_blockwise_gemm.register_fake
+cublas_blockwise_gemm_op = torch.library.custom_op("dllm_ais::cublas_blockwise_gemm", _cublas_blockwise_gemm,
+                                                   mutates_args=())
+cublas_blockwise_gemm = eager_or_op(cublas_blockwise_gemm_op, _cublas_blockwise_gemm)
+"""The op while torch.compile traces; eagerly, torch._scaled_mm directly (no custom-op dispatch: fp8/eager.py)."""
+
+
+@cublas_blockwise_gemm_op.register_fake
 def _(xq, xs, wq, ws):
     return xq.new_empty((xq.shape[0], wq.shape[0]), dtype=torch.bfloat16)
 
 
-def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     """xq [M, K] e4m3, xs [M, G] fp32 (either layout; producers emit stride (1, M), passed as is) -> y [M, N] bf16 via
     torch._scaled_mm's blockwise mode.
 
@@ -240,7 +253,7 @@ def _gemm_cublas(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.
     return kernels.fp8_gemm(xq, xs, layer.weight_q, layer.weight_scale)
 
 
-def _forward_cublas(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _forward_cublas(x: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     return _gemm_cublas(*quantize_act_block(x), layer)
 
 
@@ -288,7 +301,7 @@ def _choose(times: dict[str, float]) -> str:
     return fastest if times[fastest] < AUTO_MARGIN * times[first] else first
 
 
-def _auto_pick(kind: str, layer: FP8Linear, m: int, device: torch.device, run: Callable[[str], object]) -> str:
+def _auto_pick(kind: str, layer: FP8Layer, m: int, device: torch.device, run: Callable[[str], object]) -> str:
     """The cached choice for (kind, device, N, K, M bucket); on a miss time `run(name)` for each available candidate
     (those with a `gemm` when kind == "gemm") and keep the best (_choose). CPU: always "torch"."""
     key = (kind, str(device), layer.out_features, layer.in_features, m_bucket(m))
@@ -318,12 +331,12 @@ def _auto_pick(kind: str, layer: FP8Linear, m: int, device: torch.device, run: C
     return _AUTO_CHOICES[key]
 
 
-def _forward_auto(x: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _forward_auto(x: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     name = _auto_pick("forward", layer, x.shape[0], x.device, lambda b: BACKENDS[b].forward(x, layer))
     return BACKENDS[name].forward(x, layer)
 
 
-def _gemm_auto(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Linear) -> torch.Tensor:
+def _gemm_auto(xq: torch.Tensor, xs: torch.Tensor, layer: FP8Layer) -> torch.Tensor:
     name = _auto_pick("gemm", layer, xq.shape[0], xq.device, lambda b: BACKENDS[b].gemm(xq, xs, layer))
     return BACKENDS[name].gemm(xq, xs, layer)
 
@@ -443,9 +456,9 @@ def _torchao_unavailable(device: torch.device) -> str | None:
 class Backend:
     """One way to run an FP8Linear."""
 
-    forward: Callable[[torch.Tensor, FP8Linear], torch.Tensor]
+    forward: Callable[[torch.Tensor, FP8Layer], torch.Tensor]
     """x [M, K] -> y [M, N] (fp32 or bf16): quantise x, then `gemm` (or the backend's own scheme)."""
-    gemm: Callable[[torch.Tensor, torch.Tensor, FP8Linear], torch.Tensor] | None
+    gemm: Callable[[torch.Tensor, torch.Tensor, FP8Layer], torch.Tensor] | None
     """(xq [M, K] e4m3, xs fp32, layer) -> y [M, N] from activations a producer already quantised in the backend's
     scheme: xs [M, ceil(K/128)] for "block" (any strided view; producers emit stride (1, M)), [M, 1] for "row".
     None for a backend that cannot take pre-quantised activations (the fused model then feeds it bf16)."""

@@ -232,9 +232,47 @@ def _load_rows(layer: nn.Module, offset: int, weight: torch.Tensor) -> None:
                                         scales)
 
 
+def _sync_targets(rollout: FusedLLaDA) -> tuple[list, list]:
+    """What a sync writes: copies [(target tensor, master name)] and rows [(block index, fused layer, first row,
+    master name, master rows)] (fused_sync.SyncPlan's input; built once per plan)."""
+    t = "model.transformer."
+    copies = [(rollout.wte.weight, f"{t}wte.weight"), (rollout.ln_f.weight, f"{t}ln_f.weight"),
+              (rollout.lm_head.weight, f"{t}ff_out")]  # fmt: skip
+    rows = []
+    for i, block in enumerate(rollout.blocks):
+        prefix = f"{t}blocks.{i}."
+        copies += [(block.attn_norm.weight, f"{prefix}attn_norm.weight"),
+                   (block.ff_norm.weight, f"{prefix}ff_norm.weight")]  # fmt: skip
+        n_rows = {"q_proj": block.d, "k_proj": block.d, "v_proj": block.d, "attn_out": block.d, "ff_proj": block.h,
+                  "up_proj": block.h, "ff_out": block.d}  # fmt: skip
+        for fused in FUSED_PARTS:
+            rows += [(i, getattr(block, fused), offset, prefix + name, n_rows[name])
+                     for name, offset in block.part_offsets(fused)]  # fmt: skip
+    return copies, rows
+
+
 @torch.no_grad()
 def sync_fused_llada(master: nn.Module, rollout: FusedLLaDA, gather=None, full=None) -> None:
     """Copy the master's current weights (LoRA merged) into the fused rollout copy, in place.
+
+    Unsharded master: one pass (fused_sync.SyncPlan, built on the first call and kept on the rollout): the embedding,
+    norms and LM head in one grouped copy, every block weight requantised by one grouped Triton launch where the
+    Triton kernels run (a LoRA master: one launch per block, so at most one block's merged weights exist at a time).
+    `gather(module)` / `full(tensor)` (FSDP2, dllm_ais/train/fsdp_sync.py): a context manager that makes one master
+    layer's sharded parameters whole while it is read, and the whole of one sharded tensor: then `sync_per_tensor`.
+    """
+    if gather is not None or full is not None:
+        sync_per_tensor(master, rollout, gather=gather, full=full)
+        return
+    from .fused_sync import sync_plan
+
+    sync_plan(master, rollout, _sync_targets, _load_rows).run()
+
+
+@torch.no_grad()
+def sync_per_tensor(master: nn.Module, rollout: FusedLLaDA, gather=None, full=None) -> None:
+    """sync_fused_llada one tensor at a time, name maps built per call: the path of a sharded master (FSDP2), and
+    the reference the one-pass sync is tested and benchmarked against.
 
     `gather(module)` / `full(tensor)` (FSDP2, dllm_ais/train/fsdp_sync.py): a context manager that makes one master
     layer's sharded parameters whole while it is read, and the whole of one sharded tensor; default: the master is

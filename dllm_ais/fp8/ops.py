@@ -4,7 +4,8 @@ The producer kernels (producer_kernels.py, row_producer_kernels.py) are `triton_
 the compiler sees into them. The blockwise GEMM and the activation quantiser are called here only through their
 public Python functions (`kernels.fp8_gemm`, `kernels.quantize_act`: they choose tiles, autotune and check layouts),
 which wrap_triton cannot look through, so they are `custom_op`s with a fake (meta) implementation giving the output's
-shape, dtype and strides; torchao's blockwise GEMM likewise. Importing this module imports Triton (backends.py
+shape, dtype and strides; torchao's blockwise GEMM likewise. Each public function calls its op only while something
+traces (torch.compile, a TorchDispatchMode) and the kernel's Python function directly otherwise (fp8/eager.py). Importing this module imports Triton (backends.py
 imports it lazily, inside the functions that run a Triton path; this module imports nothing above the kernels).
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from . import kernels
+from .eager import eager_or_op
 from .producer_kernels import attn_out_quant, empty_act_scales, rmsnorm_quant, rope, silu_mul_quant
 from .quant import FP8_DTYPE, num_blocks
 from .row_producer_kernels import attn_out_rowquant, rmsnorm_rowquant, silu_mul_rowquant
@@ -43,38 +45,47 @@ def torchao_blockwise_gemm() -> Callable:
     raise ImportError(f"no torchao module provides blockwise_fp8_gemm (looked in {', '.join(places)})")
 
 
-@torch.library.custom_op("dllm_ais::fp8_gemm", mutates_args=())
-def fp8_gemm(
+def _fp8_gemm(
     xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
     """kernels.fp8_gemm: xq [M, K] e4m3, xs [M, G] fp32 (any layout it accepts), wq [N, K], ws [NB, G] -> [M, N]."""
     return kernels.fp8_gemm(xq, xs, wq, ws, out_dtype=out_dtype)
 
 
-@fp8_gemm.register_fake
+fp8_gemm_op = torch.library.custom_op("dllm_ais::fp8_gemm", _fp8_gemm, mutates_args=())
+fp8_gemm = eager_or_op(fp8_gemm_op, _fp8_gemm)
+
+
+@fp8_gemm_op.register_fake
 def _(xq, xs, wq, ws, out_dtype):
     return xq.new_empty((xq.shape[0], wq.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("dllm_ais::quantize_act", mutates_args=())
-def quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_act(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """kernels.quantize_act on x [M, K] -> (codes [M, K] e4m3, scales [M, ceil(K/128)] fp32)."""
     q, s = kernels.quantize_act(x.reshape(-1, x.shape[-1]))
     return q, s
 
 
-@quantize_act.register_fake
+quantize_act_op = torch.library.custom_op("dllm_ais::quantize_act", _quantize_act, mutates_args=())
+quantize_act = eager_or_op(quantize_act_op, _quantize_act)
+
+
+@quantize_act_op.register_fake
 def _(x):
     M, K = x.numel() // x.shape[-1], x.shape[-1]
     return x.new_empty((M, K), dtype=FP8_DTYPE), empty_act_scales(M, num_blocks(K), x.device)
 
 
-@torch.library.custom_op("dllm_ais::torchao_gemm", mutates_args=())
-def torchao_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+def _torchao_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
     """torchao's blockwise_fp8_gemm (it reads xs as [M, G] row-major) -> [M, N] bf16."""
     return torchao_blockwise_gemm()(xq, xs.contiguous(), wq, ws)
 
 
-@torchao_gemm.register_fake
+torchao_gemm_op = torch.library.custom_op("dllm_ais::torchao_gemm", _torchao_gemm, mutates_args=())
+torchao_gemm = eager_or_op(torchao_gemm_op, _torchao_gemm)
+
+
+@torchao_gemm_op.register_fake
 def _(xq, xs, wq, ws):
     return xq.new_empty((xq.shape[0], wq.shape[0]), dtype=torch.bfloat16)

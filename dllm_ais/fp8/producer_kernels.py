@@ -8,8 +8,9 @@ reads (or, for RoPE, the rotated heads), so no bf16 intermediate is written and 
   rope(x, cos, sin)          [B,T,H,D] view -> rotated [B,H,T,D], half-width tables, no `cat`
                                                        twin: producers.apply_rope
 
-Each is a `torch.library.triton_op` launched through `wrap_triton`, so torch.compile traces into the kernel instead of
-breaking the graph (as torchao's prototype/blockwise_fp8_training/kernels.py does). The model dtype (x.dtype, bf16 or
+Each is registered as a `torch.library.triton_op` launched through `wrap_triton`, so torch.compile traces into the
+kernel instead of breaking the graph (as torchao's prototype/blockwise_fp8_training/kernels.py does); called eagerly,
+the public functions launch the kernel directly, skipping the op's dispatch (fp8/eager.py; same kernel, same bits). The model dtype (x.dtype, bf16 or
 fp32) is the dtype the producer's output is rounded to before quantisation, as the unfused model does it; the
 interpreter's fp32 -> bf16 cast truncates, so rounding goes through kernels._round_to_bf16 (and kernels._round_to_e4m3
 for the e4m3 cast; DESIGN.md §7).
@@ -42,6 +43,8 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+
+from .eager import direct_launch, eager_or_op
 
 from .kernels import INTERPRET, _round_to_bf16, _round_to_e4m3, _scale_from_amax
 from .quant import BLOCK, FP8_DTYPE, num_blocks
@@ -204,7 +207,7 @@ def aot_launches(M: int, d: int, h: int, n_heads: int, head_dim: int, seq: int) 
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# torch.library ops (traced by torch.compile through wrap_triton)
+# launchers: `launch` is eager.direct_launch (the kernel itself) or torch.library.wrap_triton (inside the ops below)
 
 
 def _fake_quant(x2d_shape: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,8 +230,7 @@ def _register(name: str, fake):
     return wrap
 
 
-@_register("dllm_ais::rmsnorm_quant", lambda x, weight, eps: _fake_quant(tuple(x.shape), x.device))
-def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, launch=direct_launch):
     """x [M, d] (bf16/fp32, unit last stride), weight [d] -> (codes [M, d] e4m3, scales [M, ceil(d/128)] fp32)."""
     _check_model_dtype("x", x)
     torch._check(x.dim() == 2 and x.stride(-1) == 1 and weight.shape == (x.shape[1],), lambda: "x [M, d], w [d]")
@@ -237,7 +239,7 @@ def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[to
     q = torch.empty((M, D), dtype=FP8_DTYPE, device=x.device)
     s = empty_act_scales(M, G, x.device)
     if M and D:
-        wrap_triton(_rmsnorm_quant_kernel)[(M,)](
+        launch(_rmsnorm_quant_kernel)[(M,)](
             x, weight.contiguous(), q, s, M, D, G, x.stride(0), q.stride(0), s.stride(0), s.stride(1), eps, float(D),
             GROUPS=triton.next_power_of_2(G), BLOCK_K=BLOCK, OUT_BF16=x.dtype == torch.bfloat16,
             num_warps=_rmsnorm_warps(G),
@@ -245,8 +247,7 @@ def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[to
     return q, s
 
 
-@_register("dllm_ais::silu_mul_quant", lambda gate, up: _fake_quant(tuple(gate.shape), gate.device))
-def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, launch=direct_launch):
     """gate, up [M, h] (same dtype, unit last stride; e.g. column slices of the fused gate-up output)
     -> (codes [M, h] e4m3, scales [M, ceil(h/128)] fp32) of SiLU(gate)·up rounded to the dtype."""
     _check_model_dtype("gate", gate)
@@ -258,16 +259,14 @@ def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, 
     s = empty_act_scales(M, G, gate.device)
     if M and H:
         gb = _groups(G)
-        wrap_triton(_silu_mul_quant_kernel)[(M, triton.cdiv(G, gb))](
+        launch(_silu_mul_quant_kernel)[(M, triton.cdiv(G, gb))](
             gate, up, q, s, M, H, G, gate.stride(0), up.stride(0), q.stride(0), s.stride(0), s.stride(1),
             GROUPS=gb, BLOCK_K=BLOCK, OUT_BF16=gate.dtype == torch.bfloat16, num_warps=4,
         )
     return q, s
 
 
-@_register("dllm_ais::attn_out_quant",
-           lambda att: _fake_quant((att.shape[0] * att.shape[2], att.shape[1] * att.shape[3]), att.device))
-def attn_out_quant(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _attn_out_quant(att: torch.Tensor, launch=direct_launch):
     """att [B, H, T, D] (any strides) -> (codes [B·T, H·D] e4m3, scales [B·T, ceil(H·D/128)] fp32)."""
     torch._check(att.dim() == 4, lambda: "att must be [B, H, T, D]")
     B, H, T, D = att.shape
@@ -277,15 +276,14 @@ def attn_out_quant(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = empty_act_scales(M, G, att.device)
     if M and HD:
         gb = _groups(G, _ATT_GROUPS)
-        wrap_triton(_attn_out_quant_kernel)[(M, triton.cdiv(G, gb))](
+        launch(_attn_out_quant_kernel)[(M, triton.cdiv(G, gb))](
             att, q, s, T, HD, D, G, *att.stride(), q.stride(0), s.stride(0), s.stride(1),
             GROUPS=gb, BLOCK_K=BLOCK, num_warps=4,
         )
     return q, s
 
 
-@_register("dllm_ais::rope", lambda x, cos, sin: x.new_empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3])))
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, launch=direct_launch):
     """x [B, T, H, D] (any strides; e.g. a view into the fused QKV output), cos, sin [B, T, D/2] fp32
     -> rotated [B, H, T, D] contiguous in x.dtype."""
     _check_model_dtype("x", x)
@@ -294,9 +292,42 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     torch._check(cos.shape == (B, T, D // 2) and sin.shape == cos.shape, lambda: "cos, sin must be [B, T, D/2]")
     out = torch.empty((B, H, T, D), dtype=x.dtype, device=x.device)
     if out.numel():
-        wrap_triton(_rope_kernel)[(B * H, triton.cdiv(T, _ROPE_T))](
+        launch(_rope_kernel)[(B * H, triton.cdiv(T, _ROPE_T))](
             x, cos.contiguous(), sin.contiguous(), out, T, H, D // 2, *x.stride(),
             BLOCK_T=_ROPE_T, BLOCK_HALF=triton.next_power_of_2(D // 2), OUT_BF16=x.dtype == torch.bfloat16,
             num_warps=4,
         )
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the ops: torch.library registrations (torch.compile traces them through wrap_triton) and the public functions, which
+# call the registration only while something traces and launch the kernel directly otherwise (fp8/eager.py)
+
+_fake_att = lambda att: _fake_quant((att.shape[0] * att.shape[2], att.shape[1] * att.shape[3]), att.device)  # noqa: E731
+
+
+@_register("dllm_ais::rmsnorm_quant", lambda x, weight, eps: _fake_quant(tuple(x.shape), x.device))
+def rmsnorm_quant_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rmsnorm_quant(x, weight, eps, wrap_triton)
+
+
+@_register("dllm_ais::silu_mul_quant", lambda gate, up: _fake_quant(tuple(gate.shape), gate.device))
+def silu_mul_quant_op(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _silu_mul_quant(gate, up, wrap_triton)
+
+
+@_register("dllm_ais::attn_out_quant", _fake_att)
+def attn_out_quant_op(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attn_out_quant(att, wrap_triton)
+
+
+@_register("dllm_ais::rope", lambda x, cos, sin: x.new_empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3])))
+def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return _rope(x, cos, sin, wrap_triton)
+
+
+rmsnorm_quant = eager_or_op(rmsnorm_quant_op, _rmsnorm_quant)
+silu_mul_quant = eager_or_op(silu_mul_quant_op, _silu_mul_quant)
+attn_out_quant = eager_or_op(attn_out_quant_op, _attn_out_quant)
+rope = eager_or_op(rope_op, _rope)

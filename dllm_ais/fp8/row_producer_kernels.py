@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+from .eager import direct_launch, eager_or_op
 from .kernels import INTERPRET, _round_to_bf16, _round_to_e4m3, _scale_from_amax
 from .producer_kernels import _register  # triton_op on GPU, custom_op + fake under the interpreter
 from .quant import FP8_DTYPE
@@ -97,10 +98,10 @@ def _row_quant_kernel(
 
 def _launch(mode: int, q: torch.Tensor, s: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
             stride_am: int, stride_bm: int, eps: float, out_bf16: bool, T: int = 1, D: int = 1,
-            strides4: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:  # fmt: skip
+            strides4: tuple[int, int, int, int] = (0, 0, 0, 0), launch=direct_launch) -> None:  # fmt: skip
     M, K = q.shape
     if M and K:
-        wrap_triton(_row_quant_kernel)[(triton.cdiv(M, _ROWS),)](
+        launch(_row_quant_kernel)[(triton.cdiv(M, _ROWS),)](
             a, b, w, q, s, M, K, stride_am, stride_bm, q.stride(0), eps, float(K), T, D, *strides4,
             BLOCK_M=_ROWS, BLOCK_K=_BLOCK_K, MODE=mode, OUT_BF16=out_bf16,
         )
@@ -135,33 +136,56 @@ def _check_model_dtype(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be bfloat16 or float32 (the model dtype), got {t.dtype}")
 
 
-@_register("dllm_ais::rmsnorm_rowquant", lambda x, weight, eps: _empty(x.shape[0], x.shape[1], x.device))
-def rmsnorm_rowquant(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _rmsnorm_rowquant(x: torch.Tensor, weight: torch.Tensor, eps: float, launch=direct_launch):
     """x [M, d] (bf16/fp32, unit last stride), weight [d] -> (codes [M, d] e4m3, scales [M, 1] fp32)."""
     _check_model_dtype("x", x)
     torch._check(x.dim() == 2 and x.stride(-1) == 1 and weight.shape == (x.shape[1],), lambda: "x [M, d], w [d]")
     q, s = _empty(x.shape[0], x.shape[1], x.device)
-    _launch(_RMSNORM, q, s, x, x, weight.contiguous(), x.stride(0), 0, eps, x.dtype == torch.bfloat16)
+    _launch(_RMSNORM, q, s, x, x, weight.contiguous(), x.stride(0), 0, eps, x.dtype == torch.bfloat16,
+            launch=launch)
     return q, s
 
 
-@_register("dllm_ais::silu_mul_rowquant", lambda gate, up: _empty(gate.shape[0], gate.shape[1], gate.device))
-def silu_mul_rowquant(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _silu_mul_rowquant(gate: torch.Tensor, up: torch.Tensor, launch=direct_launch):
     """gate, up [M, h] (same dtype, unit last stride) -> (codes [M, h] e4m3, scales [M, 1] fp32) of SiLU(gate)·up."""
     _check_model_dtype("gate", gate)
     torch._check(gate.shape == up.shape and gate.dtype == up.dtype and gate.dim() == 2, lambda: "gate, up [M, h]")
     torch._check(gate.stride(-1) == 1 and up.stride(-1) == 1, lambda: "gate and up need unit last stride")
     q, s = _empty(gate.shape[0], gate.shape[1], gate.device)
-    _launch(_SILU_MUL, q, s, gate, up, gate, gate.stride(0), up.stride(0), 0.0, gate.dtype == torch.bfloat16)
+    _launch(_SILU_MUL, q, s, gate, up, gate, gate.stride(0), up.stride(0), 0.0, gate.dtype == torch.bfloat16,
+            launch=launch)
     return q, s
 
 
-@_register("dllm_ais::attn_out_rowquant",
-           lambda att: _empty(att.shape[0] * att.shape[2], att.shape[1] * att.shape[3], att.device))
-def attn_out_rowquant(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _attn_out_rowquant(att: torch.Tensor, launch=direct_launch):
     """att [B, H, T, D] (any strides) -> (codes [B·T, H·D] e4m3, scales [B·T, 1] fp32)."""
     torch._check(att.dim() == 4, lambda: "att must be [B, H, T, D]")
     B, H, T, D = att.shape
     q, s = _empty(B * T, H * D, att.device)
-    _launch(_ATTN_OUT, q, s, att, att, att, 0, 0, 0.0, False, T=T, D=D, strides4=tuple(att.stride()))
+    _launch(_ATTN_OUT, q, s, att, att, att, 0, 0, 0.0, False, T=T, D=D, strides4=tuple(att.stride()),
+            launch=launch)
     return q, s
+
+
+# the ops (torch.compile traces them) and the public functions (direct launches eagerly; fp8/eager.py)
+
+
+@_register("dllm_ais::rmsnorm_rowquant", lambda x, weight, eps: _empty(x.shape[0], x.shape[1], x.device))
+def rmsnorm_rowquant_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rmsnorm_rowquant(x, weight, eps, wrap_triton)
+
+
+@_register("dllm_ais::silu_mul_rowquant", lambda gate, up: _empty(gate.shape[0], gate.shape[1], gate.device))
+def silu_mul_rowquant_op(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _silu_mul_rowquant(gate, up, wrap_triton)
+
+
+@_register("dllm_ais::attn_out_rowquant",
+           lambda att: _empty(att.shape[0] * att.shape[2], att.shape[1] * att.shape[3], att.device))
+def attn_out_rowquant_op(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attn_out_rowquant(att, wrap_triton)
+
+
+rmsnorm_rowquant = eager_or_op(rmsnorm_rowquant_op, _rmsnorm_rowquant)
+silu_mul_rowquant = eager_or_op(silu_mul_rowquant_op, _silu_mul_rowquant)
+attn_out_rowquant = eager_or_op(attn_out_rowquant_op, _attn_out_rowquant)

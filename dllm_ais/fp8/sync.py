@@ -42,12 +42,12 @@ def sync_weights(master: nn.Module, rollout: nn.Module, gather: Callable | None 
     that makes one master layer's parameters whole while it is read, and the whole of one sharded tensor. Default: the
     master is not sharded.
     """
-    gather = gather or contextlib.nullcontext
-    full = full or (lambda t: t)
     fused = sys.modules.get(f"{__package__}.fused_llada")  # only a loaded module can have made `rollout`
     if fused is not None and isinstance(rollout, fused.FusedLLaDA):
-        fused.sync_fused_llada(master, rollout, gather=gather, full=full)
+        fused.sync_fused_llada(master, rollout, gather=gather, full=full)  # None, None: its one-pass sync
         return
+    gather = gather or contextlib.nullcontext
+    full = full or (lambda t: t)
     master_peft, rollout_peft = is_peft_root(master), is_peft_root(rollout)
     master_layers = {canonical_name(n, master_peft): m for n, m in linear_layers(master).items()}
     fp8_layers = {n: m for n, m in rollout.named_modules() if isinstance(m, QuantizedLinear)}
