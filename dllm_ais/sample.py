@@ -48,7 +48,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         block_length = args.gen_length  # a one-block preset (tiny-cpu) stays one block at another length
     sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
-                           cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold)
+                           cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold,
+                           cuda_graphs=args.cuda_graphs)
     if model_cfg.family != "llada" and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
         raise ValueError("--cache/--threshold apply to diffusion (LLaDA) sampling only; drop them for this model.")
     if args.fp8 and args.fp4:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dllm_ais.commands.help import DEFAULT_PRESET
-from dllm_ais.config import CACHE_MODES, PRESETS
+from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES, PRESETS
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -32,3 +32,7 @@ def add_sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=None, metavar="F",
                    help="Fast-dLLM parallel decoding: each step commits every masked token of the block with "
                    "confidence >= F (and at least one), in (0, 1]; default: the fixed schedule")
+    p.add_argument("--cuda-graphs", default=None, choices=CUDA_GRAPH_MODES,
+                   help="replay each static-shape sampler forward (refresh, window, uncached step) from a CUDA "
+                   "graph: auto = on for CUDA rollouts (eager, with a warning, where a capture fails), on = graphs or "
+                   "a refusal, off = never (default auto)")

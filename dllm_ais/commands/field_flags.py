@@ -32,6 +32,7 @@ FIELD_FLAGS = {
     "GRPOConfig.clip_ratio_c": "--clip-ratio-c", "GRPOConfig.epsilon_high": "--epsilon-high",
     "GRPOConfig.off_policy_mask_threshold": "--off-policy-mask",
     "SamplerConfig.cache": "--cache", "SamplerConfig.threshold": "--threshold",
+    "SamplerConfig.cuda_graphs": "--cuda-graphs",
     "TrainConfig.mismatch_estimator": "--mismatch-estimator", "TrainConfig.trajectory_steps": "--trajectory-steps",
     "TrainConfig.policy_logprob": "--policy-logprob", "TrainConfig.trajectory_selection": "--trajectory-selection",
     "SamplerConfig.max_commit_per_step": "--max-commit-per-step",

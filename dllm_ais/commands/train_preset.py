@@ -40,7 +40,7 @@ def train_preset(args: argparse.Namespace, base=None):
                          None if args.trajectory_selection is None else args.trajectory_selection == "on"))
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
                    sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
-                                    max_commit_per_step=args.max_commit_per_step),
+                                    max_commit_per_step=args.max_commit_per_step, cuda_graphs=args.cuda_graphs),
                    train=train, **_correction_overrides(args, preset))
 
 
