@@ -166,6 +166,10 @@ class TrainConfig:
     """Trajectory likelihoods (policy and mismatch ratio) include each step's selection term (which positions the
     sampler committed: top-k confidence or threshold); False = the commit-only likelihood. Off by default: the
     term makes ℓ far noisier under FP8/FP4 rollouts (docs/fast-rollouts.md, "The selection term")."""
+    trajectory_merge: int = 1
+    """`trajectory` policy likelihood: score this many consecutive recorded steps (per block) in one forward from the
+    canvas at the group's first step, as TraceRL's `shrink` and d2's StepMerge do: biased, about this many times
+    fewer replay rows; 1 = the exact replay (likelihood.trajectory.merge_commit_steps)."""
     p_mask_prompt: float = 0.15
     """d1 one-step estimator: probability of masking each prompt token (same mask for θ, π_old and reference)."""
     lora_r: int = 0
@@ -218,6 +222,7 @@ class TrainConfig:
                              f"{', '.join(POLICY_LOGPROBS)}.")
         if self.trajectory_steps is not None and self.trajectory_steps < 1:
             raise ValueError(f"TrainConfig.trajectory_steps={self.trajectory_steps} must be >= 1 (or None: all).")
+        self._check_trajectory_merge()
         unknown = [t for t in self.report_to if t not in TRACKERS]
         if unknown:
             raise ValueError(f"TrainConfig.report_to {' '.join(unknown)}: unknown tracker; use any of "
@@ -226,6 +231,19 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.grad_diagnostics_every needs prompts_per_step >= 2 (the noise estimate "
                              f"splits the batch's prompt groups in two), got {self.prompts_per_step}; raise it or "
                              "set grad_diagnostics_every to 0.")
+
+    def _check_trajectory_merge(self) -> None:
+        """--trajectory-merge N > 1 merges the steps of the trajectory policy likelihood: nothing else reads it."""
+        if self.trajectory_merge < 1:
+            raise ValueError(f"TrainConfig.trajectory_merge={self.trajectory_merge} must be >= 1 (1 = exact replay).")
+        if self.trajectory_merge == 1:
+            return
+        if self.policy_logprob != "trajectory":
+            raise ValueError("--trajectory-merge merges the steps of the trajectory policy likelihood: add "
+                             "--policy-logprob trajectory or drop --trajectory-merge.")
+        if self.trajectory_steps is not None or self.trajectory_selection:
+            raise ValueError("--trajectory-merge > 1 replays every merged step without selection terms: drop "
+                             "--trajectory-steps / --trajectory-selection on, or use --trajectory-merge 1.")
 
 
 @dataclass(frozen=True)
@@ -362,6 +380,18 @@ PRESETS: dict[str, Preset] = {
                ModelConfig(), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
                            prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2),
+               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
+                          max_completion_length=5, num_iterations=2)),
+        # tiny-cpu-justgrpo: tiny-cpu decoded left to right (block length 1: one position per block, each step
+        # commits it), so the trajectory likelihood is the exact autoregressive factorisation JustGRPO trains on
+        # (tests/test_trajectory_merge.py checks it equals the product of the conditionals); the mismatch ratio is
+        # the trajectory one, exact for that path too. Not tuned: tiny-cpu's recipe otherwise.
+        Preset("tiny-cpu-justgrpo", "tiny-cpu decoded left to right (block length 1): JustGRPO's exact AR "
+               "likelihood as the trajectory policy likelihood.",
+               ModelConfig(), SamplerConfig(gen_length=5, block_length=1, steps=5, temperature=1.0),
+               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
+                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2,
+                           mismatch_estimator="trajectory", policy_logprob="trajectory"),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=5, num_iterations=2)),
         # study-cpu: the testbed of the study's earlier plans (corrections-v1/v2, never run; now study-cpu-16):

@@ -85,6 +85,9 @@ class DiffusionBackend:
     trajectory_selection: bool = False
     """Trajectory likelihoods (policy and mismatch) include each step's selection term (which positions were
     committed); False = the commit-only likelihood (token terms only)."""
+    trajectory_merge: int = 1
+    """`trajectory` policy likelihood: score this many consecutive recorded steps in one forward from the canvas at
+    the group's first step (likelihood.trajectory.merge_commit_steps; biased, cheaper); 1 = the exact replay."""
     is_causal: bool = False
 
     @property
@@ -123,17 +126,27 @@ class DiffusionBackend:
     def _plan(self, rollout: Rollout):
         return rollout.trajectory_plan if rollout.trajectory_plan is not None else self.trajectory_plan(rollout, None)
 
+    def _policy_rollout(self, rollout: Rollout) -> Rollout:
+        """The rollout the policy likelihood replays: itself, or with `trajectory_merge` its merged copy (its plan:
+        every merged step; the config refuses --trajectory-steps with a merge)."""
+        if self.trajectory_merge == 1:
+            return rollout
+        from dllm_ais.likelihood.trajectory import merge_rollout
+
+        return merge_rollout(rollout, self.trajectory_merge, self.sampler.block_length)
+
     def token_scale(self, rollout: Rollout) -> torch.Tensor | None:
         """[B, L] Horvitz–Thompson weights of the policy likelihood's replayed tokens (S_b / K on the sampled steps,
         0 on tokens not replayed), for the loss; None with the one-step estimator (every token scored)."""
         if self.policy_logprob != "trajectory":
             return None
-        return self._plan(rollout).scale
+        return self._plan(self._policy_rollout(rollout)).scale
 
     def token_logp(self, model, rollout: Rollout, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         if self.policy_logprob == "trajectory":  # the plan, not the seed, fixes what is replayed
             from dllm_ais.likelihood.trajectory import policy_token_logp, rollout_rows
 
+            rollout = self._policy_rollout(rollout)
             plan = self._plan(rollout)
             if rows is not None:
                 rollout, plan = rollout_rows(rollout, rows), plan.for_rows(rows)
@@ -158,7 +171,8 @@ class DiffusionBackend:
 
     def rollout_token_logp(self, model_rollout, rollout: Rollout, seed: int,
                            rows: torch.Tensor | None = None) -> torch.Tensor:
-        if self.policy_logprob == "trajectory" and rollout.logp_rollout is not None:  # the sampler's own record
+        merged = self.trajectory_merge > 1  # the sampler's record is of the unmerged canvases: replay μ instead
+        if self.policy_logprob == "trajectory" and rollout.logp_rollout is not None and not merged:
             from dllm_ais.likelihood.trajectory import rollout_token_logp
 
             out = rollout_token_logp(rollout, self._plan(rollout), self.trajectory_selection)

@@ -108,7 +108,8 @@ def _llada_backend(sampler, model, tokenizer, train=None):
                                           mismatch_estimator=train.mismatch_estimator,
                                           trajectory_steps=train.trajectory_steps,
                                           policy_logprob=train.policy_logprob,
-                                          trajectory_selection=train.trajectory_selection)
+                                          trajectory_selection=train.trajectory_selection,
+                                          trajectory_merge=train.trajectory_merge)
     return DiffusionBackend(sampler, model.config.mask_token_id, stop_token_ids(model), **extra)
 
 
