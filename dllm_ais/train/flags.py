@@ -30,6 +30,7 @@ NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
     *((flag, lambda p: p.model.family == "llada", "a diffusion (LLaDA) preset; autoregressive rollouts have no "
        "denoising canvas") for flag in ("--cache", "--threshold", "--mismatch-estimator", "--trajectory-steps",
                                         "--policy-logprob", "--max-commit-per-step")),
+    ("--trajectory-merge", lambda p: p.train.policy_logprob == "trajectory", "--policy-logprob trajectory"),
     *((flag, lambda p: "trajectory" in (p.train.mismatch_estimator, p.train.policy_logprob),
        "--mismatch-estimator trajectory or --policy-logprob trajectory") for flag in ("--trajectory-steps",
                                                                                     "--trajectory-selection")),
