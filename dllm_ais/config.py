@@ -130,7 +130,8 @@ class PolicyLikelihoodConfig:
     spg_beta: float = 1.5
     """`spg`: the EUBO's exponent β (> 0)."""
     spg_mix: float | None = None
-    """`spg`: None = the EUBO for non-positive advantages; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO (SPG: 0.5)."""
+    """`spg`: None = the EUBO for non-positive advantages; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO
+    (SPG: 0.5)."""
     spg_block_length: int | None = None
     """`spg`: block length of the block-random masks; None = the sampler's block_length."""
     spg_p_mask_prompt: float = 0.15
