@@ -49,7 +49,7 @@ def _backend(name, cfg):
 
 @pytest.mark.parametrize("name,cfg", SETTINGS)
 def test_first_iteration_ratio_is_exactly_one_on_micro_batches(name, cfg):
-    model, ro, be = _model(), _rollout(), _backend(name, cfg)
+    model, ro, be = _model().eval(), _rollout(), _backend(name, cfg)  # eval: SPG's θ pass is refused in train mode
     with torch.no_grad():
         old = be.token_logp(model, ro, seed=17)  # π_old on the full batch
     mask, adv = ro.completion_mask, torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 2.0])
@@ -201,3 +201,11 @@ def test_presets_spg_refuses_kl_and_elbo_sets_the_sequence_ratio():
         check_combinations({"--elbo-draws": 4}, base)
     with pytest.raises(ValueError, match="--spg-beta has no effect"):
         check_combinations({"--spg-beta": 1.0}, p)
+
+
+def test_spg_refuses_the_grpo_update_path_until_the_trainer_calls_its_loss():
+    model, ro, be = _model().train(), _rollout(), _backend("spg", PolicyLikelihoodConfig(spg_block_length=2))
+    with pytest.raises(NotImplementedError, match="its own loss"):
+        be.token_logp(model, ro, seed=1)  # θ in training mode with gradients: the GRPO update
+    with torch.no_grad():
+        assert be.token_logp(model, ro, seed=1).shape == (6, 6)  # π_old / μ / diagnostics are fine

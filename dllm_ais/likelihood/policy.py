@@ -44,6 +44,8 @@ class MaskDrawLikelihood:
 
     level = "token"
     """The GRPO ratio level the likelihood implies."""
+    own_loss = False
+    """True when the likelihood trains on a loss of its own instead of GRPO's ratio (SPG)."""
 
     def __init__(self, config: PolicyLikelihoodConfig, block_length: int | None = None):
         self.config = config
@@ -100,6 +102,7 @@ class SPGLikelihood(MaskDrawLikelihood):
     """SPG: block-random draws; ELBO for Â > 0, EUBO (or the mixture) otherwise, via `sequence_logp`."""
 
     level = "sequence"
+    own_loss = True
 
     def draw(self, prompt_ids, prompt_mask, completion_mask, generator) -> PolicyDraw:
         c = self.config
