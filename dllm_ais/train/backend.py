@@ -22,12 +22,13 @@ The trainer never branches on diffusion vs autoregressive: it calls a `Backend`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import torch
 
-from dllm_ais.config import SamplerConfig
+from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig
 from dllm_ais.types import Rollout
 
 
@@ -79,9 +80,12 @@ class DiffusionBackend:
     trajectory_chunk_size: int | None = None
     """`trajectory`: canvases per replay forward (None = the rollout's batch size)."""
     policy_logprob: str = "one_step"
-    """log π in the GRPO ratio and KL: `one_step` (d1's estimator: every completion token masked at once) or
+    """log π in the GRPO ratio and KL: `one_step` (d1's estimator: every completion token masked at once),
     `trajectory` (the replay of the rollout's recorded canvases under the sampler's config: the path likelihood of
-    likelihood/trajectory.py, per token)."""
+    likelihood/trajectory.py, per token), or a mask-draw likelihood of likelihood/policy.py's registry (`elbo`,
+    `coupled`, `spg`) with the settings `likelihood`."""
+    likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
+    """Settings of the mask-draw policy likelihoods, received whole."""
     trajectory_selection: bool = False
     """Trajectory likelihoods (policy and mismatch) include each step's selection term (which positions were
     committed); False = the commit-only likelihood (token terms only)."""
@@ -94,6 +98,32 @@ class DiffusionBackend:
     def uses_trajectory(self) -> bool:
         """The rollouts' canvases are replayed (policy likelihood or mismatch ratio): a plan is drawn per rollout."""
         return self.policy_logprob == "trajectory" or self.mismatch_estimator == "trajectory"
+
+    @cached_property
+    def policy(self):
+        """The mask-draw policy likelihood chosen by name (`likelihood.policy.POLICY_LIKELIHOODS`), or None for
+        one_step / trajectory."""
+        from dllm_ais.likelihood.policy import POLICY_LIKELIHOODS, policy_likelihood
+
+        if self.policy_logprob not in POLICY_LIKELIHOODS:
+            return None
+        return policy_likelihood(self.policy_logprob, self.likelihood, self.sampler.block_length)
+
+    def policy_draw(self, rollout: Rollout, seed: int):
+        """The batch's `PolicyDraw` for a logp seed: the same for θ (any rows), π_old, μ and the reference."""
+        return self.policy.draw(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_mask, seed)
+
+    def sequence_logp(self, model, rollout: Rollout, seed: int, adv: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`spg`: [B] (or [len(rows)]) the bound each sequence trains on (ELBO for Â > 0, else EUBO / mixture) on the
+        seed's draw; adv [B] (or [len(rows)]). The loss is `dllm_ais.rl.spg.spg_loss`."""
+        if not hasattr(self.policy, "sequence_logp"):
+            raise ValueError(f"--policy-logprob {self.policy_logprob} has no sequence bound; only spg does.")
+        idx = slice(None) if rows is None else rows
+        return self.policy.sequence_logp(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                                         rollout.completion_ids[idx], rollout.completion_mask[idx],
+                                         self.policy_draw(rollout, seed).rows(idx), adv,
+                                         mask_token_id=self.mask_token_id)
 
     def sample(self, model, prompt_ids, prompt_mask, generator, progress=False) -> Rollout:
         from dllm_ais.samplers.diffusion import diffusion_sample
@@ -152,6 +182,16 @@ class DiffusionBackend:
                 rollout, plan = rollout_rows(rollout, rows), plan.for_rows(rows)
             return policy_token_logp(model, rollout, plan, self.sampler, mask_token_id=self.mask_token_id,
                                      selection=self.trajectory_selection, chunk_size=self.trajectory_chunk_size)
+        if self.policy is not None:  # a mask-draw likelihood: one draw per seed for the whole batch
+            if self.policy.own_loss and torch.is_grad_enabled() and getattr(model, "training", False):
+                raise NotImplementedError(f"--policy-logprob {self.policy_logprob} trains on its own loss "
+                                          "(rl/spg.py spg_loss over DiffusionBackend.sequence_logp), which the "
+                                          "trainer does not call yet; use elbo, coupled, one_step or trajectory.")
+            idx = slice(None) if rows is None else rows
+            return self.policy.token_logp(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                                          rollout.completion_ids[idx], rollout.completion_mask[idx],
+                                          self.policy_draw(rollout, seed).rows(idx),
+                                          mask_token_id=self.mask_token_id)
         from dllm_ais.likelihood.one_step import draw_prompt_mask, one_step_logprobs
 
         masked = draw_prompt_mask(rollout.prompt_mask, self.p_mask_prompt, seed)  # [B, P], drawn for the whole batch
