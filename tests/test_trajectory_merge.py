@@ -178,3 +178,18 @@ def test_training_with_a_merge_keeps_the_first_iteration_ratio_at_one(tmp_path, 
     logp, old = seen[0]
     assert torch.equal(logp, old) and bool((old != 0).any())
     assert row[M.AIS_ESS] <= 1.0
+
+
+def test_the_justgrpo_preset_runs_a_step(tmp_path):
+    """tiny-cpu-justgrpo (block length 1, trajectory policy likelihood and mismatch ratio) through the trainer: one
+    step, FP8 rollouts decoded left to right, finite metrics."""
+    from dllm_ais import metrics as M
+    from dllm_ais.train.job import run_training
+
+    p = get_preset("tiny-cpu-justgrpo")
+    assert p.sampler.block_length == 1 and p.train.policy_logprob == p.train.mismatch_estimator == "trajectory"
+    p = replace(p, train=replace(p.train, steps=1, prompts_per_step=2, sft_steps=0),
+                grpo=replace(p.grpo, num_generations=4))
+    run_training(p, tmp_path / "run", progress=False)
+    (row,) = M.read_metrics(tmp_path / "run")
+    assert 0.0 < row[M.AIS_ESS] <= 1.0 and row[M.ROLLOUT_TOKENS_PER_STEP] == 1.0
