@@ -151,6 +151,7 @@ def test_bad_merge_settings_are_refused_in_one_line():
     assert TrainConfig(trajectory_merge=2, policy_logprob="trajectory").trajectory_merge == 2
 
 
+@pytest.mark.slow
 def test_training_with_a_merge_keeps_the_first_iteration_ratio_at_one(tmp_path, monkeypatch):
     """Through the trainer (dual cache, FP8 rollouts, merge 2): π_θ's merged replay equals π_old's bit for bit at the
     first inner iteration, on the merged canvases."""
@@ -180,6 +181,7 @@ def test_training_with_a_merge_keeps_the_first_iteration_ratio_at_one(tmp_path, 
     assert row[M.AIS_ESS] <= 1.0
 
 
+@pytest.mark.slow
 def test_the_justgrpo_preset_runs_a_step(tmp_path):
     """tiny-cpu-justgrpo (block length 1, trajectory policy likelihood and mismatch ratio) through the trainer: one
     step, FP8 rollouts decoded left to right, finite metrics."""
