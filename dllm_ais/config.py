@@ -13,7 +13,9 @@ REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
 CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
-POLICY_LOGPROBS = ("one_step", "trajectory")
+POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg")
+ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
+RATIO_LEVELS = ("sequence", "token")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 FAMILIES = ("llada", "qwen")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
@@ -118,6 +120,63 @@ class SamplerConfig:
         return self.gen_length // self.block_length
 
 
+@dataclass(frozen=True)
+class PolicyLikelihoodConfig:
+    """Settings of the mask-draw policy likelihoods (`elbo`, `coupled`, `spg`; dllm_ais/likelihood/policy.py), given
+    whole to the backend. Which one is used is TrainConfig.policy_logprob; docs/likelihoods.md explains each."""
+
+    elbo_draws: int = 2
+    """K mask draws per sequence of `elbo` and `spg` (forward rows per sequence; memory does not grow with K)."""
+    elbo_scheme: str = "stratified"
+    """`elbo`'s draws: stratified (VRPO/BGPO: K counts over 1..L from one offset, weight L/x), antithetic (ESPO: a
+    mask and its complement, weights (L+1)/count, counts stratified over the group; even K) or quadrature (GDPO:
+    t = 0.211 / 0.789, Gauss weights ½, |M| = round(L t) >= 1; even K)."""
+    elbo_ratio_level: str = "sequence"
+    """`elbo`'s GRPO ratio: sequence (ESPO/GDPO: exp((ELBO − ELBO_old)/L), GSPO's ratio, clipped at ε) or token
+    (the ELBO's per-token terms, each its own ratio). Sets GRPOConfig.importance_sampling_level."""
+    coupled_t_min: float = 0.2
+    """`coupled` (DiffuCoder): the mask rate t ~ U(coupled_t_min, coupled_t_max), drawn once per batch."""
+    coupled_t_max: float = 0.8
+    """`coupled`: upper end of t's range."""
+    spg_beta: float = 1.5
+    """`spg`: the EUBO's exponent β (> 0)."""
+    spg_mix: float | None = None
+    """`spg`: None = the EUBO for non-positive advantages; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO
+    (SPG: 0.5)."""
+    spg_block_length: int | None = None
+    """`spg`: block length of the block-random masks; None = the sampler's block_length."""
+    spg_p_mask_prompt: float = 0.15
+    """`spg`: probability of masking each prompt token and each token of the blocks before the chosen one."""
+    mask_tail: bool = True
+    """Post-EOS positions shown as mask tokens (the sampler's blank canvas) rather than as themselves; never scored."""
+    batch_size: int = 64
+    """Forward rows per model call."""
+
+    def __post_init__(self):
+        if isinstance(self.elbo_draws, bool) or not isinstance(self.elbo_draws, int) or self.elbo_draws < 1:
+            raise ValueError(f"elbo_draws={self.elbo_draws!r}: need an int >= 1 (mask draws per sequence).")
+        if self.elbo_scheme not in ELBO_SCHEMES:
+            raise ValueError(f"elbo_scheme={self.elbo_scheme!r}: use one of {', '.join(ELBO_SCHEMES)}.")
+        if self.elbo_scheme != "stratified" and self.elbo_draws % 2:
+            raise ValueError(f"elbo_draws={self.elbo_draws} with elbo_scheme {self.elbo_scheme}: needs an even K "
+                             "(antithetic: a mask and its complement; quadrature: 2 nodes); pass an even --elbo-draws.")
+        if self.elbo_ratio_level not in RATIO_LEVELS:
+            raise ValueError(f"elbo_ratio_level={self.elbo_ratio_level!r}: use one of {', '.join(RATIO_LEVELS)}.")
+        if not 0.0 < self.coupled_t_min <= self.coupled_t_max < 1.0:
+            raise ValueError(f"coupled t range ({self.coupled_t_min}, {self.coupled_t_max}): need 0 < t_min <= t_max "
+                             "< 1.")
+        if not self.spg_beta > 0:
+            raise ValueError(f"spg_beta={self.spg_beta}: the EUBO exponent must be > 0 (SPG: 1.5).")
+        if self.spg_mix is not None and not 0.0 <= self.spg_mix <= 1.0:
+            raise ValueError(f"spg_mix={self.spg_mix}: the mixture weight must be in [0, 1] (or None: the EUBO alone).")
+        if self.spg_block_length is not None and self.spg_block_length < 1:
+            raise ValueError(f"spg_block_length={self.spg_block_length} must be >= 1 (or None: the sampler's).")
+        if not 0.0 <= self.spg_p_mask_prompt < 1.0:
+            raise ValueError(f"spg_p_mask_prompt={self.spg_p_mask_prompt} must be in [0, 1).")
+        if self.batch_size < 1:
+            raise ValueError(f"PolicyLikelihoodConfig.batch_size={self.batch_size} must be >= 1.")
+
+
 ROLLOUT_PRECISIONS = ("bf16", "fp8", "fp4")
 FP4_FORMATS = ("nvfp4", "mxfp4")  # dllm_ais.fp4.FORMATS (not imported here: config stays light)
 
@@ -170,13 +229,21 @@ class TrainConfig:
     (Horvitz–Thompson, unbiased); None = every step."""
     policy_logprob: str = "one_step"
     """Diffusion backends' log π in the GRPO ratio (and the KL when β > 0): `one_step` (d1's estimator: every
-    completion token masked at once, one forward) or `trajectory` (the replay of the rollout's recorded canvases under
+    completion token masked at once, one forward), `trajectory` (the replay of the rollout's recorded canvases under
     θ with gradients, with the rollout sampler's cache and temperature: the likelihood of the path actually sampled;
-    `trajectory_steps` subsamples it, `trajectory_selection` adds the choice of positions)."""
+    `trajectory_steps` subsamples it, `trajectory_selection` adds the choice of positions), `elbo` (sequence ELBO,
+    ESPO/GDPO/VRPO), `coupled` (DiffuCoder's three-pass per-token estimator) or `spg` (SPG's ELBO/EUBO bounds, its
+    own loss: no ratio, no clip, β = 0). Settings: `likelihood`."""
+    likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
+    """Settings of the `elbo`, `coupled` and `spg` policy likelihoods (a dict in config.json)."""
     trajectory_selection: bool = False
     """Trajectory likelihoods (policy and mismatch ratio) include each step's selection term (which positions the
     sampler committed: top-k confidence or threshold); False = the commit-only likelihood. Off by default: the
     term makes ℓ far noisier under FP8/FP4 rollouts (docs/fast-rollouts.md, "The selection term")."""
+    trajectory_merge: int = 1
+    """`trajectory` policy likelihood: score this many consecutive recorded steps (per block) in one forward from the
+    canvas at the group's first step, as TraceRL's `shrink` and d2's StepMerge do: biased, about this many times
+    fewer replay rows; 1 = the exact replay (likelihood.trajectory.merge_commit_steps)."""
     p_mask_prompt: float = 0.15
     """d1 one-step estimator: probability of masking each prompt token (same mask for θ, π_old and reference)."""
     lora_r: int = 0
@@ -212,6 +279,8 @@ class TrainConfig:
     three extra forward + backward passes on those steps, the update unchanged. One process, ≥ 2 prompts per step."""
 
     def __post_init__(self):
+        if isinstance(self.likelihood, dict):  # from config.json
+            object.__setattr__(self, "likelihood", PolicyLikelihoodConfig(**self.likelihood))
         for name in ("steps", "prompts_per_step", "gradient_accumulation_steps", "mismatch_num_draws",
                      "sft_batch_size"):
             if getattr(self, name) < 1:
@@ -237,6 +306,7 @@ class TrainConfig:
                              f"{', '.join(POLICY_LOGPROBS)}.")
         if self.trajectory_steps is not None and self.trajectory_steps < 1:
             raise ValueError(f"TrainConfig.trajectory_steps={self.trajectory_steps} must be >= 1 (or None: all).")
+        self._check_trajectory_merge()
         unknown = [t for t in self.report_to if t not in TRACKERS]
         if unknown:
             raise ValueError(f"TrainConfig.report_to {' '.join(unknown)}: unknown tracker; use any of "
@@ -245,6 +315,19 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.grad_diagnostics_every needs prompts_per_step >= 2 (the noise estimate "
                              f"splits the batch's prompt groups in two), got {self.prompts_per_step}; raise it or "
                              "set grad_diagnostics_every to 0.")
+
+    def _check_trajectory_merge(self) -> None:
+        """--trajectory-merge N > 1 merges the steps of the trajectory policy likelihood: nothing else reads it."""
+        if self.trajectory_merge < 1:
+            raise ValueError(f"TrainConfig.trajectory_merge={self.trajectory_merge} must be >= 1 (1 = exact replay).")
+        if self.trajectory_merge == 1:
+            return
+        if self.policy_logprob != "trajectory":
+            raise ValueError("--trajectory-merge merges the steps of the trajectory policy likelihood: add "
+                             "--policy-logprob trajectory or drop --trajectory-merge.")
+        if self.trajectory_steps is not None or self.trajectory_selection:
+            raise ValueError("--trajectory-merge > 1 replays every merged step without selection terms: drop "
+                             "--trajectory-steps / --trajectory-selection on, or use --trajectory-merge 1.")
 
 
 @dataclass(frozen=True)
@@ -293,8 +376,16 @@ class Preset:
                              "none; sample at T > 0 or use --mismatch-estimator elbo.")
 
     def _check_policy_logprob(self) -> None:
-        """The trajectory policy likelihood needs a density (T > 0); Horvitz–Thompson weights act per token."""
-        if self.train.policy_logprob != "trajectory":
+        """The trajectory policy likelihood needs a density (T > 0); Horvitz–Thompson weights act per token; `elbo`
+        sets the ratio level; `spg` trains without a KL term."""
+        name = self.train.policy_logprob
+        if name == "elbo":
+            level = self.train.likelihood.elbo_ratio_level
+            object.__setattr__(self, "grpo", replace(self.grpo, importance_sampling_level=level))
+        if name == "spg" and self.grpo.beta != 0:
+            raise ValueError(f"--policy-logprob spg with --beta {self.grpo.beta}: SPG trains without a KL term "
+                             "(β_KL = 0); pass --beta 0.")
+        if name != "trajectory":
             return
         if self.sampler.temperature == 0:
             raise ValueError("--policy-logprob trajectory needs a sampling density: the rollouts are greedy "
@@ -381,6 +472,18 @@ PRESETS: dict[str, Preset] = {
                ModelConfig(), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
                            prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2),
+               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
+                          max_completion_length=5, num_iterations=2)),
+        # tiny-cpu-justgrpo: tiny-cpu decoded left to right (block length 1: one position per block, each step
+        # commits it), so the trajectory likelihood is the exact autoregressive factorisation JustGRPO trains on
+        # (tests/test_trajectory_merge.py checks it equals the product of the conditionals); the mismatch ratio is
+        # the trajectory one, exact for that path too. Not tuned: tiny-cpu's recipe otherwise.
+        Preset("tiny-cpu-justgrpo", "tiny-cpu decoded left to right (block length 1): JustGRPO's exact AR "
+               "likelihood as the trajectory policy likelihood.",
+               ModelConfig(), SamplerConfig(gen_length=5, block_length=1, steps=5, temperature=1.0),
+               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
+                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2,
+                           mismatch_estimator="trajectory", policy_logprob="trajectory"),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=5, num_iterations=2)),
         # study-cpu: the testbed of the study's earlier plans (corrections-v1/v2, never run; now study-cpu-16):

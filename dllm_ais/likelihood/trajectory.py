@@ -135,6 +135,50 @@ def replay_plan(commit_step: torch.Tensor, counted: torch.Tensor, num_steps: int
     return plan_for_steps(commit_step, counted, chosen, num_steps)
 
 
+def merge_commit_steps(commit_step: torch.Tensor, merge: int, block_length: int) -> torch.Tensor:
+    """Step merging (TraceRL's `shrink`, d2's StepMerge): each row's distinct commit steps in a block, sorted, are cut
+    into consecutive groups of `merge`, and every token of a group gets the group's first step. A replay of the
+    result scores the whole group in one forward from the canvas at the group's first step (every token of the group
+    masked): biased (a token no longer sees the tokens committed at earlier steps of its group) and about `merge`
+    times fewer canvases. Groups stay inside a block (a cached sampler's window is per block); with one block
+    this is TraceRL's `collapse_k_unique` up to the label of the group (TraceRL labels it by its last step).
+
+    commit_step [B, L] long (−1 = never committed) -> [B, L] long; merge = 1 returns commit_step itself.
+    """
+    if merge < 1:
+        raise ValueError(f"merge={merge} must be >= 1 (1 = every recorded step on its own); it is --trajectory-merge.")
+    if merge == 1:
+        return commit_step
+    B, L = commit_step.shape
+    if L % block_length:
+        raise ValueError(f"block_length={block_length} must divide the completion length {L}.")
+    out = commit_step.clone()
+    blocks = commit_step.view(B, L // block_length, block_length)  # [B, nb, Lb]
+    merged = out.view(B, L // block_length, block_length)
+    for b in range(B):
+        for k in range(blocks.shape[1]):
+            cs = blocks[b, k]  # [Lb]
+            distinct = torch.unique(cs[cs >= 0])  # sorted [S]
+            if distinct.numel() == 0:
+                continue
+            first = distinct[(torch.arange(distinct.numel(), device=cs.device) // merge) * merge]  # [S] group's first
+            idx = torch.searchsorted(distinct, cs.clamp(min=0))  # [Lb] rank of each token's step
+            merged[b, k] = torch.where(cs >= 0, first[idx.clamp(max=distinct.numel() - 1)], cs)
+    return out
+
+
+def merge_rollout(rollout: Rollout, merge: int, block_length: int) -> Rollout:
+    """The rollout with `merge_commit_steps` applied, for a merged trajectory likelihood: merge = 1 returns it
+    unchanged; else a copy whose sampler records (log μ, selection terms, plan) are dropped, since they belong to the
+    unmerged canvases — μ is then replayed on the merged canvases like π_θ and π_old."""
+    if merge == 1:
+        return rollout
+    return Rollout(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
+                   completion_ids=rollout.completion_ids, completion_mask=rollout.completion_mask,
+                   commit_step=merge_commit_steps(rollout.commit_step, merge, block_length),
+                   num_steps=rollout.num_steps, commit_confidence=rollout.commit_confidence, nfe=rollout.nfe)
+
+
 def rollout_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
     """The rollout of sequences `rows` [m] only (a micro-batch), its tensors indexed; the plan is left out."""
     pick = lambda t: None if t is None else t[rows]  # noqa: E731

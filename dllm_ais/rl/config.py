@@ -254,9 +254,11 @@ class CorrectionConfig:
     """Log-weights are clamped to [-log_w_clamp, log_w_clamp] before exponentiation (w <= e^20 stays finite)."""
     ais_tau: float = 0.1
     """τ of the divergence severity s = 1 − exp(−D / τ), D = mean per-token |log w| (sequence level). 0.1 is set by
-    the exact-gradient analysis (issue 27, benchmarks/exact_gradients/): over its 45 enumerated regimes AIS's
+    the exact-gradient analysis (issue 27, benchmarks/exact_gradients/): over its 39 enumerated regimes AIS's
     MSE against the exact target, relative to the best fixed λ, is lowest at τ = 0.1 for N = 8, 64 and 512 (geometric
-    means 1.019 / 1.044 / 1.093 vs 1.031 / 1.063 / 1.122 at 0.02). Before: 0.02 from a flat outcome scan
+    means 1.019 / 1.044 / 1.093 vs 1.031 / 1.063 / 1.122 at 0.02). That comes from the synthetic, fast-sampler and
+    Qwen regimes: over the 16 real-format ones alone (N = 64) it is 1.068 / 1.034 / 1.028 / 1.028 at τ = 0.02 / 0.1 /
+    0.2 / 0.5 and 1.032 with no correction. Before: 0.02 from a flat outcome scan
     (docs/ais.md §5a), 0.05 read off the testbed's D. Token-level D is larger (no cancellation over tokens): the
     token-level presets keep 0.05 until a token-level scan is run."""
     ais_ema: float = 0.0

@@ -22,12 +22,13 @@ The trainer never branches on diffusion vs autoregressive: it calls a `Backend`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import torch
 
-from dllm_ais.config import SamplerConfig
+from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig
 from dllm_ais.types import Rollout
 
 
@@ -79,18 +80,50 @@ class DiffusionBackend:
     trajectory_chunk_size: int | None = None
     """`trajectory`: canvases per replay forward (None = the rollout's batch size)."""
     policy_logprob: str = "one_step"
-    """log π in the GRPO ratio and KL: `one_step` (d1's estimator: every completion token masked at once) or
+    """log π in the GRPO ratio and KL: `one_step` (d1's estimator: every completion token masked at once),
     `trajectory` (the replay of the rollout's recorded canvases under the sampler's config: the path likelihood of
-    likelihood/trajectory.py, per token)."""
+    likelihood/trajectory.py, per token), or a mask-draw likelihood of likelihood/policy.py's registry (`elbo`,
+    `coupled`, `spg`) with the settings `likelihood`."""
+    likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
+    """Settings of the mask-draw policy likelihoods, received whole."""
     trajectory_selection: bool = False
     """Trajectory likelihoods (policy and mismatch) include each step's selection term (which positions were
     committed); False = the commit-only likelihood (token terms only)."""
+    trajectory_merge: int = 1
+    """`trajectory` policy likelihood: score this many consecutive recorded steps in one forward from the canvas at
+    the group's first step (likelihood.trajectory.merge_commit_steps; biased, cheaper); 1 = the exact replay."""
     is_causal: bool = False
 
     @property
     def uses_trajectory(self) -> bool:
         """The rollouts' canvases are replayed (policy likelihood or mismatch ratio): a plan is drawn per rollout."""
         return self.policy_logprob == "trajectory" or self.mismatch_estimator == "trajectory"
+
+    @cached_property
+    def policy(self):
+        """The mask-draw policy likelihood chosen by name (`likelihood.policy.POLICY_LIKELIHOODS`), or None for
+        one_step / trajectory."""
+        from dllm_ais.likelihood.policy import POLICY_LIKELIHOODS, policy_likelihood
+
+        if self.policy_logprob not in POLICY_LIKELIHOODS:
+            return None
+        return policy_likelihood(self.policy_logprob, self.likelihood, self.sampler.block_length)
+
+    def policy_draw(self, rollout: Rollout, seed: int):
+        """The batch's `PolicyDraw` for a logp seed: the same for θ (any rows), π_old, μ and the reference."""
+        return self.policy.draw(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_mask, seed)
+
+    def sequence_logp(self, model, rollout: Rollout, seed: int, adv: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`spg`: [B] (or [len(rows)]) the bound each sequence trains on (ELBO for Â > 0, else EUBO / mixture) on the
+        seed's draw; adv [B] (or [len(rows)]). The loss is `dllm_ais.rl.spg.spg_loss`."""
+        if not hasattr(self.policy, "sequence_logp"):
+            raise ValueError(f"--policy-logprob {self.policy_logprob} has no sequence bound; only spg does.")
+        idx = slice(None) if rows is None else rows
+        return self.policy.sequence_logp(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                                         rollout.completion_ids[idx], rollout.completion_mask[idx],
+                                         self.policy_draw(rollout, seed).rows(idx), adv,
+                                         mask_token_id=self.mask_token_id)
 
     def sample(self, model, prompt_ids, prompt_mask, generator, progress=False) -> Rollout:
         from dllm_ais.samplers.diffusion import diffusion_sample
@@ -123,22 +156,42 @@ class DiffusionBackend:
     def _plan(self, rollout: Rollout):
         return rollout.trajectory_plan if rollout.trajectory_plan is not None else self.trajectory_plan(rollout, None)
 
+    def _policy_rollout(self, rollout: Rollout) -> Rollout:
+        """The rollout the policy likelihood replays: itself, or with `trajectory_merge` its merged copy (its plan:
+        every merged step; the config refuses --trajectory-steps with a merge)."""
+        if self.trajectory_merge == 1:
+            return rollout
+        from dllm_ais.likelihood.trajectory import merge_rollout
+
+        return merge_rollout(rollout, self.trajectory_merge, self.sampler.block_length)
+
     def token_scale(self, rollout: Rollout) -> torch.Tensor | None:
         """[B, L] Horvitz–Thompson weights of the policy likelihood's replayed tokens (S_b / K on the sampled steps,
         0 on tokens not replayed), for the loss; None with the one-step estimator (every token scored)."""
         if self.policy_logprob != "trajectory":
             return None
-        return self._plan(rollout).scale
+        return self._plan(self._policy_rollout(rollout)).scale
 
     def token_logp(self, model, rollout: Rollout, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         if self.policy_logprob == "trajectory":  # the plan, not the seed, fixes what is replayed
             from dllm_ais.likelihood.trajectory import policy_token_logp, rollout_rows
 
+            rollout = self._policy_rollout(rollout)
             plan = self._plan(rollout)
             if rows is not None:
                 rollout, plan = rollout_rows(rollout, rows), plan.for_rows(rows)
             return policy_token_logp(model, rollout, plan, self.sampler, mask_token_id=self.mask_token_id,
                                      selection=self.trajectory_selection, chunk_size=self.trajectory_chunk_size)
+        if self.policy is not None:  # a mask-draw likelihood: one draw per seed for the whole batch
+            if self.policy.own_loss and torch.is_grad_enabled() and getattr(model, "training", False):
+                raise NotImplementedError(f"--policy-logprob {self.policy_logprob} trains on its own loss "
+                                          "(rl/spg.py spg_loss over DiffusionBackend.sequence_logp), which the "
+                                          "trainer does not call yet; use elbo, coupled, one_step or trajectory.")
+            idx = slice(None) if rows is None else rows
+            return self.policy.token_logp(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
+                                          rollout.completion_ids[idx], rollout.completion_mask[idx],
+                                          self.policy_draw(rollout, seed).rows(idx),
+                                          mask_token_id=self.mask_token_id)
         from dllm_ais.likelihood.one_step import draw_prompt_mask, one_step_logprobs
 
         masked = draw_prompt_mask(rollout.prompt_mask, self.p_mask_prompt, seed)  # [B, P], drawn for the whole batch
@@ -158,7 +211,8 @@ class DiffusionBackend:
 
     def rollout_token_logp(self, model_rollout, rollout: Rollout, seed: int,
                            rows: torch.Tensor | None = None) -> torch.Tensor:
-        if self.policy_logprob == "trajectory" and rollout.logp_rollout is not None:  # the sampler's own record
+        merged = self.trajectory_merge > 1  # the sampler's record is of the unmerged canvases: replay μ instead
+        if self.policy_logprob == "trajectory" and rollout.logp_rollout is not None and not merged:
             from dllm_ais.likelihood.trajectory import rollout_token_logp
 
             out = rollout_token_logp(rollout, self._plan(rollout), self.trajectory_selection)

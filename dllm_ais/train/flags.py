@@ -30,9 +30,17 @@ NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
     *((flag, lambda p: p.model.family == "llada", "a diffusion (LLaDA) preset; autoregressive rollouts have no "
        "denoising canvas") for flag in ("--cache", "--threshold", "--mismatch-estimator", "--trajectory-steps",
                                         "--policy-logprob", "--max-commit-per-step")),
+    ("--trajectory-merge", lambda p: p.train.policy_logprob == "trajectory", "--policy-logprob trajectory"),
     *((flag, lambda p: "trajectory" in (p.train.mismatch_estimator, p.train.policy_logprob),
        "--mismatch-estimator trajectory or --policy-logprob trajectory") for flag in ("--trajectory-steps",
                                                                                     "--trajectory-selection")),
+    ("--elbo-draws", lambda p: p.train.policy_logprob in ("elbo", "spg"), "--policy-logprob elbo or spg"),
+    *((flag, lambda p: p.train.policy_logprob == "elbo", "--policy-logprob elbo")
+      for flag in ("--elbo-scheme", "--elbo-ratio-level")),
+    *((flag, lambda p: p.train.policy_logprob == "spg", "--policy-logprob spg")
+      for flag in ("--spg-beta", "--spg-mix", "--spg-block-length")),
+    *((flag, lambda p: p.train.policy_logprob == "coupled", "--policy-logprob coupled")
+      for flag in ("--coupled-t-min", "--coupled-t-max")),
 )
 """(flag, when the flag is read, what to add): a typed flag whose condition is false would be silently ignored."""
 

@@ -108,8 +108,9 @@ def _llada_backend(sampler, model, tokenizer, train=None):
                                           mismatch_num_draws=train.mismatch_num_draws,
                                           mismatch_estimator=train.mismatch_estimator,
                                           trajectory_steps=train.trajectory_steps,
-                                          policy_logprob=train.policy_logprob,
-                                          trajectory_selection=train.trajectory_selection)
+                                          policy_logprob=train.policy_logprob, likelihood=train.likelihood,
+                                          trajectory_selection=train.trajectory_selection,
+                                          trajectory_merge=train.trajectory_merge)
     return DiffusionBackend(sampler, model.config.mask_token_id, stop_token_ids(model), **extra)
 
 
