@@ -201,11 +201,3 @@ def test_presets_spg_refuses_kl_and_elbo_sets_the_sequence_ratio():
         check_combinations({"--elbo-draws": 4}, base)
     with pytest.raises(ValueError, match="--spg-beta has no effect"):
         check_combinations({"--spg-beta": 1.0}, p)
-
-
-def test_spg_refuses_the_grpo_update_path_until_the_trainer_calls_its_loss():
-    model, ro, be = _model().train(), _rollout(), _backend("spg", PolicyLikelihoodConfig(spg_block_length=2))
-    with pytest.raises(NotImplementedError, match="its own loss"):
-        be.token_logp(model, ro, seed=1)  # θ in training mode with gradients: the GRPO update
-    with torch.no_grad():
-        assert be.token_logp(model, ro, seed=1).shape == (6, 6)  # π_old / μ / diagnostics are fine

@@ -190,15 +190,19 @@ def test_ctrl_c_finishes_the_step_and_resume_reproduces(tmp_path, monkeypatch):
 
 def test_gradient_accumulation_keeps_masks_shared_and_the_loss_scaled(tmp_path, monkeypatch):
     """Micro-batches see the full batch's one-step masks (ratio exactly 1 at the first iteration: nothing clipped)
-    and are weighted by their token share (dapo) or sequence share (grpo): same training as one big batch."""
+    and are weighted by their token share (dapo, and SPG's length-weighted loss) or sequence share (grpo): same
+    training as one big batch. SPG also shows the trainer runs its own loss (no ratio: nothing clipped)."""
     fn = _reward_module(tmp_path, monkeypatch, (  # graded, so advantages (and gradients) are not all zero
         "def reward(prompts, completions, **cols):\n"
         "    return [float(len(c if isinstance(c, str) else c[0]['content'])) for c in completions]\n"))
-    for loss_type in ("dapo", "grpo"):
+    for loss_type in ("dapo", "grpo", "spg"):
         weights, logged = [], []
         for acc in (1, 3):
             p = small_preset(steps=2, gradient_accumulation_steps=acc, p_mask_prompt=0.5, reward_fn=fn)
-            p = replace(p, grpo=replace(p.grpo, num_iterations=1, loss_type=loss_type))
+            spg = loss_type == "spg"
+            p = replace(p, grpo=replace(p.grpo, num_iterations=1, loss_type="grpo" if spg else loss_type,
+                                        beta=0.0 if spg else p.grpo.beta),
+                        train=replace(p.train, policy_logprob="spg") if spg else p.train)
             out = tmp_path / f"{loss_type}-{acc}"
             run_training(p, out, progress=False)
             rows = M.read_metrics(out)
@@ -209,7 +213,7 @@ def test_gradient_accumulation_keeps_masks_shared_and_the_loss_scaled(tmp_path, 
         # the logged loss is the optimised one: micro-batches weighted like the loss (not a plain mean of them).
         # dapo's token mean is far from 0 (lengths differ); grpo's first-iteration loss is −mean(Â ω) ≈ 0 (Σ Â = 0
         # per group, ω ≈ 1), so there only the equality below can be checked.
-        if loss_type == "dapo":
+        if loss_type in ("dapo", "spg"):  # SPG's loss −Σ L_i Â_i ℓ_i / Σ L_i is far from 0 (ℓ_i ≪ 0)
             assert any(abs(v) > 1e-4 for v in logged[0])
         for whole, micro in zip(*logged, strict=True):
             assert math.isclose(whole, micro, rel_tol=1e-5, abs_tol=1e-7), (loss_type, logged)

@@ -7,7 +7,7 @@ import argparse
 from dllm_ais.commands.common_args import add_model_args
 from dllm_ais.commands.field_flags import typed_flags
 from dllm_ais.commands.help import DEFAULT_PRESET, HelpFormatter, move_to_group, show_preset_defaults
-from dllm_ais.commands.train_args import add_correction_args, add_fast_rollout_args
+from dllm_ais.commands.train_args import add_correction_args, add_fast_rollout_args, add_likelihood_args
 from dllm_ais.commands.train_checks import device_and_backend_checks, preflight_train
 from dllm_ais.commands.train_preset import resume_preset, tracker_list, train_preset
 
@@ -119,10 +119,14 @@ def add_train_parser(sub) -> argparse.ArgumentParser:
     rollout.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of "
                          "--rollout-precision fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
     add_fast_rollout_args(rollout)
+    add_likelihood_args(p.add_argument_group("policy likelihood (--policy-logprob elbo | coupled | spg; "
+                                             "docs/likelihoods.md)"))
     add_correction_args(p.add_argument_group("correction (docs/corrections.md)"))
     grpo = p.add_argument_group("GRPO")
     grpo.add_argument("--steps", type=int, default=None, help="GRPO steps (each: rollouts, rewards, updates, sync)")
     grpo.add_argument("--lr", type=float, default=None, help="AdamW learning rate of the GRPO updates")
+    grpo.add_argument("--beta", type=float, default=None, help="KL coefficient to the reference (TRL's beta; 0 = no "
+                      "reference pass)")
     grpo.add_argument("--sft-steps", type=int, default=None, help="masked-diffusion SFT warm-up steps before GRPO "
                       "(0 = none)")
     grpo.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")

@@ -82,7 +82,30 @@ def add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
                    help="trajectory: replay K random denoising steps per sequence (Horvitz-Thompson scaled; "
                    "default all)")
     p.add_argument("--policy-logprob", default=None, choices=POLICY_LOGPROBS, help="log pi of the GRPO ratio and KL: "
-                   "one_step (d1) or trajectory (the sampled denoising path replayed under theta, cache included)")
+                   "one_step (d1), trajectory (the sampled denoising path replayed under theta, cache included), "
+                   "elbo (sequence ELBO: VRPO / ESPO / GDPO), coupled (DiffuCoder) or spg (SPG's ELBO/EUBO bounds "
+                   "with its own loss: no ratio, no clip, beta 0)")
     p.add_argument("--trajectory-selection", default=None, choices=["on", "off"], help="add the selection term")
+    p.add_argument("--trajectory-merge", type=int, default=None, metavar="N",
+                   help="trajectory policy likelihood: score N consecutive recorded steps in one forward from the "
+                   "group's first canvas (TraceRL's shrink / d2's StepMerge; biased, cheaper; 1 = exact)")
+
+
+def add_likelihood_args(p: argparse.ArgumentParser) -> None:
+    """`train`: settings of the mask-draw policy likelihoods (--policy-logprob elbo | coupled | spg;
+    docs/likelihoods.md)."""
+    from dllm_ais.config import ELBO_SCHEMES, RATIO_LEVELS
+
+    p.add_argument("--elbo-draws", type=int, default=None, metavar="K",
+                   help="elbo / spg: mask draws per sequence (forward rows per sequence; memory flat in K)")
+    p.add_argument("--elbo-scheme", default=None, choices=ELBO_SCHEMES,
+                   help="elbo: stratified (VRPO/BGPO), antithetic (ESPO: a mask and its complement; even K) or "
+                   "quadrature (GDPO: t = 0.211 / 0.789; even K)")
+    p.add_argument("--elbo-ratio-level", default=None, choices=RATIO_LEVELS,
+                   help="elbo: sequence ratio exp((ELBO - ELBO_old) / L) (ESPO/GDPO) or per-token terms")
+    p.add_argument("--spg-beta", type=float, default=None, metavar="B",
+                   help="spg: the EUBO's exponent (SPG: 1.5); spg trains on its own loss (no ratio, no clip, beta 0)")
+    p.add_argument("--spg-mix", type=float, default=None, metavar="W",
+                   help="spg: non-positive advantages use W*EUBO + (1 - W)*ELBO (SPG's mixture: 0.5; default EUBO)")
     p.add_argument("--max-commit-per-step", type=int, default=None, metavar="N", help="threshold decoding: commit "
                    "at most N tokens per step (needs --threshold)")

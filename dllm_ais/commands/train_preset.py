@@ -36,8 +36,12 @@ def train_preset(args: argparse.Namespace, base=None):
     if args.task and args.task != preset.train.task:
         train = replace(train, task_config={})  # generator options belong to the preset's own task
     train = override(train, mismatch_estimator=args.mismatch_estimator, trajectory_steps=args.trajectory_steps,
-                     policy_logprob=args.policy_logprob, trajectory_selection=(
-                         None if args.trajectory_selection is None else args.trajectory_selection == "on"))
+                     policy_logprob=args.policy_logprob, trajectory_merge=args.trajectory_merge,
+                     trajectory_selection=(
+                         None if args.trajectory_selection is None else args.trajectory_selection == "on"),
+                     likelihood=override(train.likelihood, elbo_draws=args.elbo_draws, elbo_scheme=args.elbo_scheme,
+                                         elbo_ratio_level=args.elbo_ratio_level, spg_beta=args.spg_beta,
+                                         spg_mix=args.spg_mix))
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
                    sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
                                     max_commit_per_step=args.max_commit_per_step, cuda_graphs=args.cuda_graphs),
@@ -73,7 +77,7 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
         correction = replace(correction, is_cap=None)
     grpo = override(preset.grpo, loss_type=args.loss_type, dual_clip=args.dual_clip, error_ngram=args.error_ngram,
                     error_mask_threshold=args.mask_error_completions, clip_ratio_c=args.clip_ratio_c,
-                    epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask)
+                    epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask, beta=args.beta)
     return {"correction": correction, "grpo": grpo}
 
 

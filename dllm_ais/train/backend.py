@@ -183,10 +183,6 @@ class DiffusionBackend:
             return policy_token_logp(model, rollout, plan, self.sampler, mask_token_id=self.mask_token_id,
                                      selection=self.trajectory_selection, chunk_size=self.trajectory_chunk_size)
         if self.policy is not None:  # a mask-draw likelihood: one draw per seed for the whole batch
-            if self.policy.own_loss and torch.is_grad_enabled() and getattr(model, "training", False):
-                raise NotImplementedError(f"--policy-logprob {self.policy_logprob} trains on its own loss "
-                                          "(rl/spg.py spg_loss over DiffusionBackend.sequence_logp), which the "
-                                          "trainer does not call yet; use elbo, coupled, one_step or trajectory.")
             idx = slice(None) if rows is None else rows
             return self.policy.token_logp(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
                                           rollout.completion_ids[idx], rollout.completion_mask[idx],

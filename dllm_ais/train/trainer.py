@@ -23,6 +23,7 @@ from dllm_ais.rl.advantages import group_advantages
 from dllm_ais.rl.correction import CorrectionOutput, rejected_loss_mask
 from dllm_ais.rl.error_tokens import error_keep, repeated_ngram_fraction
 from dllm_ais.rl.grpo import grpo_loss
+from dllm_ais.rl.spg import spg_loss
 from dllm_ais.train import fsdp_setup, grad_diagnostics, step_mismatch, trackers, trainer_state
 from dllm_ais.train.backend import Backend
 from dllm_ais.train.distributed import global_sum
@@ -255,7 +256,7 @@ class Trainer:
             row.update(grad_diagnostics.measure(
                 lambda idx, w: self._loss(rollout, idx, adv, w, logp_old[0], ref0, seeds[0], loss_mask, logp_roll).loss,
                 [p for p in self.model.parameters() if p.requires_grad], corr.omega, loss_mask, G,
-                cfg.grpo.loss_type in TOKEN_MEAN_LOSSES, tc.gradient_accumulation_steps))
+                self._token_mean, tc.gradient_accumulation_steps))
         losses = []
         for it, seed in enumerate(seeds):
             out = self._update(rollout, adv, corr.omega, logp_old[it], None if logp_ref is None else logp_ref[it],
@@ -282,7 +283,7 @@ class Trainer:
         self.model.train()
         B = adv.shape[0]
         chunks = self._micro_batches(B, adv.device)
-        token_mean = cfg.grpo.loss_type in TOKEN_MEAN_LOSSES
+        token_mean = self._token_mean
         # token-mean losses divide by the global batch's token count (TRL): this process's loss is its token sum
         # over (global tokens / processes), so that the average DDP takes over processes is the global token mean
         tokens_per_process = global_sum(self.acc, mask.sum()).clamp(min=1) / self.acc.num_processes
@@ -324,9 +325,25 @@ class Trainer:
         self._zero_grad()
         return metrics
 
+    @property
+    def _own_loss(self) -> bool:
+        """The policy likelihood trains on a loss of its own (SPG: rl/spg.py), not GRPO's ratio."""
+        return bool(getattr(getattr(self.policy.backend, "policy", None), "own_loss", False))
+
+    @property
+    def _token_mean(self) -> bool:
+        """The loss is a mean over the batch's tokens (DAPO, BNPO, SPG's length-weighted sum), not its sequences."""
+        return self.cfg.grpo.loss_type in TOKEN_MEAN_LOSSES or self._own_loss
+
     def _loss(self, rollout, idx, adv, weights, logp_old, logp_ref, seed, mask, logp_roll):
         """The GRPO loss over rows idx alone, ω = weights ([len(idx)] or [len(idx), L]): the update's, per chunk."""
         cfg, backend = self.cfg, self.policy.backend
+        if self._own_loss:  # SPG: the bound each sequence trains on, no ratio, no clip, no KL (β = 0 is enforced)
+            with self._train_forward():
+                bound = backend.sequence_logp(self.model, rollout, seed, adv[idx], rows=idx)  # [n]
+            m = mask[idx]
+            w = weights if weights.dim() == 1 else (weights * m).sum(-1) / m.sum(-1).clamp(min=1)
+            return spg_loss(bound, adv[idx], m.sum(-1), weights=w)
         with self._train_forward():
             logp = backend.token_logp(self.model, rollout, seed, rows=idx)
         scale = backend.token_scale(rollout)  # HT step weights of a trajectory policy
