@@ -11,6 +11,10 @@ with "prompt" and "completion" text). For each estimator of `dllm_ais.likelihood
 sequences, is reported against forward passes = forward rows per sequence = 2 models × K (one row = one sequence of
 length P + L through one model; rows are batched --batch-size at a time). Writes variance.csv, variance.png and
 variance.json (settings) to --out and prints the table.
+
+--policy adds the policy likelihoods the trainer can use (analysis/policy_variance.py: one_step, elbo's three schemes,
+coupled, spg's ELBO and EUBO): the std of each one's sequence log-likelihood and of its gradient norm against forward
+rows per sequence, on model a, written to policy_variance.csv and printed after the ratio table.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and mask draws (and the tiny model)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--smoke", action="store_true", help="seconds-long run: tiny model, K in 1,2,4, 4 repeats")
+    p.add_argument("--policy", action="store_true", help="also the policy likelihoods (one_step, elbo schemes, "
+                   "coupled, spg): std of the sequence log-likelihood and of its gradient norm per forward row")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
@@ -234,7 +240,33 @@ def main(argv: list[str] | None = None) -> int:
           f"counted tokens={meta['counted_tokens']} repeats={repeats}")
     print(format_table(results))
     print(f"wrote {out / 'variance.csv'}, {out / 'variance.png'}")
+    if args.policy:
+        policy_study(args, model_a, seqs, ks, repeats, out)
     return 0
+
+
+def policy_study(args, model, seqs, ks: tuple[int, ...], repeats: int, out: Path) -> None:
+    """--policy: each policy likelihood at each K it supports, on the trainer copy; policy_variance.csv."""
+    import torch
+
+    from dllm_ais.analysis.policy_variance import ROWS, format_policy_table, measure_policy, supports
+
+    tasks = [(n, k) for n in ROWS for k in ks if supports(n, k)]
+    results = []
+    bar = progress_bar(tasks, enabled=not args.no_progress, desc="policy variance", unit="setting")
+    for i, (name, k) in enumerate(bar):
+        bar.set_postfix_str(f"{name} K={k}")
+        g = torch.Generator().manual_seed(args.seed * 1_000_003 + 7919 + i)
+        results.append(measure_policy(model, seqs, name, k, repeats, g, mask_token_id=model.config.mask_token_id,
+                                      block_length=int(seqs[2].shape[1])))
+    bar.close()
+    rows = [asdict(r) for r in results]
+    with open(out / "policy_variance.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(format_policy_table(results))
+    print(f"wrote {out / 'policy_variance.csv'}")
 
 
 if __name__ == "__main__":

@@ -279,7 +279,6 @@ class Trainer:
     def _update(self, rollout, adv, omega, logp_old, logp_ref, seed, mask, logp_roll) -> dict[str, float] | None:
         """One optimizer update over the batch (micro-batched); None if the loss was not finite (skipped).
         logp_roll [B, L]: log μ under the first iteration's masks (GRPOConfig.off_policy_mask_threshold reads it)."""
-        cfg = self.cfg
         self.model.train()
         B = adv.shape[0]
         chunks = self._micro_batches(B, adv.device)
