@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from . import backends
-from .grouped_quant import GroupedWeightQuant
 from .linear import FP8Linear
 from .quant import BLOCK, num_blocks
 from .walker import canonical_name, effective_weight, is_lora_layer, linear_layers, named_tensors
@@ -74,7 +73,7 @@ class SyncPlan:
         self.copy_targets = [t for t, _ in copies]
         self.copy_sources = [_source(layers, tensors, n, tuple(t.shape)) for t, n in copies]
         lora = any(is_lora_layer(layers[r[3]]) for r in rows if r[3] in layers)
-        self.groups: list[tuple[GroupedWeightQuant | None, list]] = []
+        self.groups: list[tuple[Callable | None, list]] = []  # (grouped_quant.GroupedWeightQuant | None, items)
         by_group: dict[int, list] = {}
         for block, layer, offset, name, n_rows in rows:
             src = _source(layers, tensors, name, (n_rows, layer.in_features))
@@ -82,7 +81,9 @@ class SyncPlan:
         for items in by_group.values():
             fast = [it for it in items if _grouped_ok(it[0])]
             slow = [it for it in items if not _grouped_ok(it[0])]
-            if fast:
+            if fast:  # Triton runs on this device (imported only here: `import dllm_ais.fp8` stays light)
+                from .grouped_quant import GroupedWeightQuant
+
                 codes, scales = [], []
                 for layer, offset, n, _ in fast:
                     codes.append(layer.weight_q[offset:offset + n])
