@@ -41,16 +41,15 @@ def _source(master_layers: dict, master_tensors: dict, name: str, shape: tuple) 
         weight = effective_weight(layer)[0]
         if tuple(weight.shape) != shape:
             raise KeyError(f"sync: master tensor {name!r} {tuple(weight.shape)} does not fit {shape}")
-        if not is_lora_layer(layer):
-            owner = layer
-            return lambda: owner.weight.detach()
-        return lambda: effective_weight(layer)[0].detach()
+        if not is_lora_layer(layer):  # the parameter itself (the sync runs under no_grad: no detach dispatch)
+            return lambda: layer.weight
+        return lambda: effective_weight(layer)[0]
     if name not in master_tensors:
         raise KeyError(f"sync: the master has no tensor {name!r}")
     tensor = master_tensors[name]
     if tuple(tensor.shape) != shape:
         raise KeyError(f"sync: master tensor {name!r} {tuple(tensor.shape)} does not fit {shape}")
-    return lambda: tensor.detach()
+    return lambda: tensor
 
 
 def _grouped_ok(layer: nn.Module) -> bool:
@@ -92,13 +91,16 @@ class SyncPlan:
             if slow:
                 self.groups.append((None, slow))
 
+    @torch.no_grad()
     def run(self) -> None:
         """One sync: the copies, then each group (one launch, or one write per weight)."""
         if self.copy_targets:
             torch._foreach_copy_(self.copy_targets, [get() for get in self.copy_sources])
         for group, items in self.groups:
             if group is not None:
-                group([src().to(layer.weight_q.device) for layer, _, _, src in items])
+                sources = [src() for *_, src in items]
+                device = items[0][0].weight_q.device
+                group([w if w.device == device else w.to(device) for w in sources])
                 continue
             for layer, offset, _, src in items:
                 self.load_rows(layer, offset, src())

@@ -63,7 +63,7 @@ def _groups(G: int, most: int = _GROUPS) -> int:
 def empty_act_scales(M: int, G: int, device: torch.device) -> torch.Tensor:
     """Uninitialised activation scales for M rows × G groups, in kernels.quantize_act's layout: [M, G] stored K-major
     (stride (1, M)), the outer-dim-major layout cuBLAS's blockwise mode needs and the GEMM reads contiguously."""
-    return torch.empty((G, M), dtype=torch.float32, device=device).t()
+    return torch.empty_strided((M, G), (1, M), dtype=torch.float32, device=device)  # one op (not empty + t)
 
 
 def _check_model_dtype(name: str, t: torch.Tensor) -> None:
