@@ -14,9 +14,9 @@ launch adds its launcher's cost, ≈ the same per launch for every path). At LLa
 
 Variants run interleaved, round after round (the machine is shared): each round times `--calls` calls of every
 variant; the report gives per-variant medians over rounds and the median over rounds of each ratio to bf16_master.
-`--sync` adds host µs per weight sync of a small-width LLaDA on meta (scripts/bench_host_dispatch_sync.py's part).
+`--sync` adds host µs per weight sync of LLaDA-8B on meta, old vs new, and the sync's fair floor (bench_host_sync.py).
 
-  python scripts/bench_host_dispatch.py --rounds 15 --calls 50 --out benchmarks/host_dispatch/results.json
+  python scripts/bench_host_dispatch.py --rounds 15 --calls 50 --sync --out benchmarks/host_dispatch/results.json
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ def llada_8b_config() -> LLaDAConfig:
 
 
 def tiny_config() -> LLaDAConfig:
-    """LLaDA-8B's structure (head_dim 128, MLP 3× d) at widths where the CPU's own arithmetic is small."""
+    """LLaDA-8B's structure (head_dim 128, MLP 3× d) at widths where the CPU's own arithmetic is small (run in
+    fp32: the model dtype the producers also accept; CPU bf16 GEMMs are emulated and would dominate)."""
     return LLaDAConfig(d_model=128, n_heads=1, n_layers=1, mlp_hidden_size=384, vocab_size=512, embedding_size=512)
 
 
 def stub_blockwise_scaled_mm() -> None:
     """CPU torch has no blockwise _scaled_mm (and its fp8 row-wise mode is a slow emulation): stand in the ATen GEMM
-    the BF16 layers run at the same tiny shape — one torch.mm of cached bf16 operands — so both sides pay one ATen
+    the fp32 tiny layers run at the same shape — one torch.mm of cached fp32 operands — so both sides pay one ATen
     GEMM dispatch per linear (on meta tensors the real _scaled_mm meta function runs)."""
     real, operands = torch._scaled_mm, {}
 
@@ -68,8 +69,8 @@ def stub_blockwise_scaled_mm() -> None:
             return real(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
         key = (a.shape[0], a.shape[1], b.shape[1])
         if key not in operands:
-            operands[key] = (torch.zeros(key[0], key[1], dtype=out_dtype), torch.zeros(key[1], key[2], dtype=out_dtype))
-        return torch.mm(*operands[key])
+            operands[key] = (torch.zeros(key[0], key[1]), torch.zeros(key[1], key[2]))
+        return torch.mm(*operands[key])  # fp32: the CPU's bf16 GEMMs are slow emulations even at tiny shapes
 
     torch._scaled_mm = scaled_mm
 
@@ -77,7 +78,8 @@ def stub_blockwise_scaled_mm() -> None:
 def layer_variants(config: LLaDAConfig, batch: int, rows: int, cache: int | None, device: str) -> dict:
     """name -> zero-argument callable running one layer's forward on `device` ("meta" or "cpu"). rows: query rows per
     sequence; cache: KV-cache slots (the dual-cache window step) or None (a full forward over `rows` positions)."""
-    meta, bf16 = torch.device(device), torch.bfloat16
+    meta = torch.device(device)
+    bf16 = torch.bfloat16 if device == "meta" else torch.float32  # CPU: fp32, whose tiny GEMMs cost ~ nothing
     with meta:
         master = LLaDABlock(config).to(bf16)
     fused_bf16 = fl.FusedLLaDABlock(config, None, meta, bf16)
@@ -131,8 +133,9 @@ def time_interleaved(variants: dict, rounds: int, calls: int, reference: str) ->
 
 def machine() -> dict:
     load = os.getloadavg()
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "triton": triton.__version__, "loadavg_1_5_15": [round(v, 2) for v in load],
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+            "loadavg_1_5_15": [round(v, 2) for v in load],
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
             "omp_threads": os.environ.get("OMP_NUM_THREADS")}  # fmt: skip
 
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=50)
-    p.add_argument("--sync", action="store_true", help="also time one weight sync, old vs new (needs sync bench)")
+    p.add_argument("--sync", action="store_true", help="also time one weight sync, old vs new")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -158,9 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
         result["layer"][label] = time_interleaved(layer_variants(config, batch, rows, cache, device), args.rounds,
                                                   args.calls, "bf16_master")  # fmt: skip
     if args.sync:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_host_sync import sync_bench  # scripts/bench_host_sync.py
 
-        result["sync"] = sync_bench(args.rounds)
+        result["sync"] = sync_bench(max(3, args.rounds // 3))
     result["machine_after"] = machine()
     text = json.dumps(result, indent=2)
     print(text)

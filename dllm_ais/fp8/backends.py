@@ -30,7 +30,8 @@ SiLU·up→quant and attention-output→quant); scaled_mm's gemm takes row scale
 consumes as is and the Triton GEMM reads contiguously; torchao reads [M, G] row-major and gets a copy. The Triton
 paths go through the torch.library ops of ops.py, so torch.compile traces them without a graph break.
 
-`layer` below is anything with weight_q [N, K] e4m3, weight_scale, bias, in_features, out_features (an FP8Linear; typed as FP8Layer).
+`layer` below is anything with weight_q [N, K] e4m3, weight_scale, bias, in_features, out_features (an FP8Linear;
+typed as FP8Layer).
 """
 
 from __future__ import annotations

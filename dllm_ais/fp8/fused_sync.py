@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from . import backends
-from .grouped_quant import GroupedWeightQuant
 from .linear import FP8Linear
 from .quant import BLOCK, num_blocks
 from .walker import canonical_name, effective_weight, is_lora_layer, linear_layers, named_tensors
@@ -42,16 +41,15 @@ def _source(master_layers: dict, master_tensors: dict, name: str, shape: tuple) 
         weight = effective_weight(layer)[0]
         if tuple(weight.shape) != shape:
             raise KeyError(f"sync: master tensor {name!r} {tuple(weight.shape)} does not fit {shape}")
-        if not is_lora_layer(layer):
-            owner = layer
-            return lambda: owner.weight.detach()
-        return lambda: effective_weight(layer)[0].detach()
+        if not is_lora_layer(layer):  # the parameter itself (the sync runs under no_grad: no detach dispatch)
+            return lambda: layer.weight
+        return lambda: effective_weight(layer)[0]
     if name not in master_tensors:
         raise KeyError(f"sync: the master has no tensor {name!r}")
     tensor = master_tensors[name]
     if tuple(tensor.shape) != shape:
         raise KeyError(f"sync: master tensor {name!r} {tuple(tensor.shape)} does not fit {shape}")
-    return lambda: tensor.detach()
+    return lambda: tensor
 
 
 def _grouped_ok(layer: nn.Module) -> bool:
@@ -74,7 +72,7 @@ class SyncPlan:
         self.copy_targets = [t for t, _ in copies]
         self.copy_sources = [_source(layers, tensors, n, tuple(t.shape)) for t, n in copies]
         lora = any(is_lora_layer(layers[r[3]]) for r in rows if r[3] in layers)
-        self.groups: list[tuple[GroupedWeightQuant | None, list]] = []
+        self.groups: list[tuple[Callable | None, list]] = []  # (grouped_quant.GroupedWeightQuant | None, items)
         by_group: dict[int, list] = {}
         for block, layer, offset, name, n_rows in rows:
             src = _source(layers, tensors, name, (n_rows, layer.in_features))
@@ -82,7 +80,9 @@ class SyncPlan:
         for items in by_group.values():
             fast = [it for it in items if _grouped_ok(it[0])]
             slow = [it for it in items if not _grouped_ok(it[0])]
-            if fast:
+            if fast:  # Triton runs on this device (imported only here: `import dllm_ais.fp8` stays light)
+                from .grouped_quant import GroupedWeightQuant
+
                 codes, scales = [], []
                 for layer, offset, n, _ in fast:
                     codes.append(layer.weight_q[offset:offset + n])
@@ -91,13 +91,16 @@ class SyncPlan:
             if slow:
                 self.groups.append((None, slow))
 
+    @torch.no_grad()
     def run(self) -> None:
         """One sync: the copies, then each group (one launch, or one write per weight)."""
         if self.copy_targets:
             torch._foreach_copy_(self.copy_targets, [get() for get in self.copy_sources])
         for group, items in self.groups:
             if group is not None:
-                group([src().to(layer.weight_q.device) for layer, _, _, src in items])
+                sources = [src() for *_, src in items]
+                device = items[0][0].weight_q.device
+                group([w if w.device == device else w.to(device) for w in sources])
                 continue
             for layer, offset, _, src in items:
                 self.load_rows(layer, offset, src())

@@ -189,7 +189,7 @@ class FP8Linear(QuantizedLinear):
         y = gemm(xq, xs, self)  # [M, N]
         if self.bias is not None:
             y = y.float() + self.bias.float()
-        return y.to(dtype)
+        return y if y.dtype == dtype else y.to(dtype)  # no dispatch when the GEMM already wrote `dtype`
 
     def extra_repr(self) -> str:
         return (

@@ -5,8 +5,9 @@ the compiler sees into them. The blockwise GEMM and the activation quantiser are
 public Python functions (`kernels.fp8_gemm`, `kernels.quantize_act`: they choose tiles, autotune and check layouts),
 which wrap_triton cannot look through, so they are `custom_op`s with a fake (meta) implementation giving the output's
 shape, dtype and strides; torchao's blockwise GEMM likewise. Each public function calls its op only while something
-traces (torch.compile, a TorchDispatchMode) and the kernel's Python function directly otherwise (fp8/eager.py). Importing this module imports Triton (backends.py
-imports it lazily, inside the functions that run a Triton path; this module imports nothing above the kernels).
+traces (torch.compile, a TorchDispatchMode) and the kernel's Python function directly otherwise (fp8/eager.py).
+Importing this module imports Triton (backends.py imports it lazily, inside the functions that run a Triton path;
+this module imports nothing above the kernels).
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ reads (or, for RoPE, the rotated heads), so no bf16 intermediate is written and 
 
 Each is registered as a `torch.library.triton_op` launched through `wrap_triton`, so torch.compile traces into the
 kernel instead of breaking the graph (as torchao's prototype/blockwise_fp8_training/kernels.py does); called eagerly,
-the public functions launch the kernel directly, skipping the op's dispatch (fp8/eager.py; same kernel, same bits). The model dtype (x.dtype, bf16 or
-fp32) is the dtype the producer's output is rounded to before quantisation, as the unfused model does it; the
-interpreter's fp32 -> bf16 cast truncates, so rounding goes through kernels._round_to_bf16 (and kernels._round_to_e4m3
-for the e4m3 cast; DESIGN.md §7).
+the public functions launch the kernel directly, skipping the op's dispatch (fp8/eager.py; same kernel, same bits).
+The model dtype (x.dtype, bf16 or fp32) is the dtype the producer's output is rounded to before quantisation, as the
+unfused model does it; the interpreter's fp32 -> bf16 cast truncates, so rounding goes through
+kernels._round_to_bf16 (and kernels._round_to_e4m3 for the e4m3 cast; DESIGN.md §7).
 
 Agreement with the twins (tests/test_fp8_producers.py, interpreter): attn_out_quant and rope are bit-identical (no
 reduction, no transcendental; on a GPU the compiler may contract a·b − c·d into an FMA, which can move the last fp32
@@ -45,7 +45,6 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .eager import direct_launch, eager_or_op
-
 from .kernels import INTERPRET, _round_to_bf16, _round_to_e4m3, _scale_from_amax
 from .quant import BLOCK, FP8_DTYPE, num_blocks
 
@@ -64,7 +63,7 @@ def _groups(G: int, most: int = _GROUPS) -> int:
 def empty_act_scales(M: int, G: int, device: torch.device) -> torch.Tensor:
     """Uninitialised activation scales for M rows × G groups, in kernels.quantize_act's layout: [M, G] stored K-major
     (stride (1, M)), the outer-dim-major layout cuBLAS's blockwise mode needs and the GEMM reads contiguously."""
-    return torch.empty((G, M), dtype=torch.float32, device=device).t()
+    return torch.empty_strided((M, G), (1, M), dtype=torch.float32, device=device)  # one op (not empty + t)
 
 
 def _check_model_dtype(name: str, t: torch.Tensor) -> None:
