@@ -25,7 +25,8 @@ rebuilt after each:
                 forward + backward over the completion + an AdamW step, with and without gradient checkpointing).
   compiled  the sampler's compiled step (torch.compile mode="reduce-overhead", CUDA graphs) at the same shape: BF16
             master, FP8 default backend, BF16 fused copy.
-  tests     the kernel tests on CUDA (kernels vs their torch twins, compiled sampler step), ≤ 60 s.
+  tests     the kernel tests on CUDA (CUDA graphs, grouped sync, direct dispatch, kernels vs their torch twins,
+            compiled sampler step), ≤ 90 s.
 On CPU (--device cpu) the compiled part traces the same step with dynamo's "eager" backend (no inductor: seconds,
 not minutes), so the dry run exercises tracing, the recorded cuBLAS decisions and every summary key.
 
