@@ -64,6 +64,19 @@ def test_left_padded_logits_equal_the_official_code_at_every_position(model, off
     torch.testing.assert_close(ours, official[f"padded_logits_{variant}"], rtol=0, atol=1e-5)
 
 
+def test_bf16_logits_equal_the_official_code_bit_for_bit(official):
+    """The official code run in bf16 (from_pretrained(torch_dtype=bfloat16)): our op order (RMSNorm scaled in the
+    input dtype, RoPE tables cast to it, rotation in it) gives the same bits, padded canvas included."""
+    bf16 = load_file(str(FIXTURE / "logits_bf16.safetensors"))
+    model = load_dream(FIXTURE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        u = model(official["unpadded_input_ids"]).logits
+        p = model(official["padded_input_ids"], official["padded_attention_mask"]).logits
+    assert u.dtype == torch.bfloat16
+    assert torch.equal(u, bf16["unpadded_logits_bf16"]) and torch.equal(p, bf16["padded_logits_hub_bf16"])
+    assert (u.float() - official["unpadded_logits"]).abs().max() > 1e-3  # bf16 really differs from fp32
+
+
 def test_padding_does_not_change_real_positions(model, official):
     x, m = official["padded_input_ids"], official["padded_attention_mask"].bool()
     with torch.no_grad():
