@@ -143,3 +143,27 @@ def test_fp4_copy_equals_its_twin_and_syncs_in_place(fmt):
     with torch.no_grad():
         assert torch.equal(copy(x, m).logits, fresh(x, m).logits)
     assert all(t.data_ptr() == ptrs[n] for n, t in copy.state_dict().items())
+
+
+def test_lora_wrapped_dream_keeps_the_shift_and_its_fp8_copy_merges_the_adapters():
+    """peft LoRA on every block linear (models/dream.py lora_target_regex): the likelihood view still shifts, and
+    the FP8 copy of the wrapped master equals the copy of the merged model."""
+    from peft import LoraConfig, get_peft_model
+
+    from dllm_ais.models.dream import lora_target_regex
+    from dllm_ais.models.shift import ShiftedLogits, logits_view
+
+    master = _master(torch.float32)
+    wrapped = get_peft_model(master, LoraConfig(r=4, lora_alpha=8, target_modules=lora_target_regex()))
+    wrapped_names = {n for n, _ in wrapped.named_modules() if n.endswith("lora_A")}
+    assert len(wrapped_names) == 2 * len(LORA_TARGETS) and not any("lm_head" in n for n in wrapped_names)
+    with torch.no_grad():
+        for n, p in wrapped.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    assert isinstance(logits_view(wrapped), ShiftedLogits)
+    copy = quantize_model(wrapped, backend="torch")
+    merged = quantize_model(wrapped.merge_and_unload(), backend="torch")
+    x, m = _canvas()
+    with torch.no_grad():
+        assert torch.equal(copy(x, m).logits, merged(x, m).logits)
