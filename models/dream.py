@@ -155,6 +155,25 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def attend_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+               query_keep: torch.Tensor | None, kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+               index: torch.Tensor | None = None) -> torch.Tensor:
+    """Bidirectional grouped-query attention. q [B, H, Tq, D], k, v [B, Hkv, Tq, D] (RoPE applied) -> [B, H, Tq, D].
+
+    kv: one layer's cache (keys, values) [B, Hkv, T, D]: k, v are written into slots `index` [Tq] and the queries
+    attend over all T slots. key_mask None or bool [B, 1, 1, Tk]; query_keep None or [B, 1, Tq, 1] (0 = a padding
+    query, whose output is zero, as the official m_i ∧ m_j mask gives through SDPA's fully masked rows)."""
+    if kv is not None:
+        kv[0].index_copy_(2, index, k.to(kv[0].dtype))
+        kv[1].index_copy_(2, index, v.to(kv[1].dtype))
+        k, v = kv
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    att = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=False)
+    return att if query_keep is None else att * query_keep
+
+
 class DreamAttention(nn.Module):
     """Bidirectional GQA self-attention with q/k/v biases."""
 
@@ -177,16 +196,7 @@ class DreamAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        if kv is not None:
-            kv[0].index_copy_(2, index, k.to(kv[0].dtype))
-            kv[1].index_copy_(2, index, v.to(kv[1].dtype))
-            k, v = kv
-        rep = self.n_heads // self.n_kv
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=False)  # [B, H, Tq, D]
-        if query_keep is not None:
-            att = att * query_keep
+        att = attend_gqa(q, k, v, key_mask, query_keep, kv, index)  # [B, H, Tq, D]
         return self.o_proj(att.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -219,6 +229,31 @@ class DreamDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def canvas_inputs(config: DreamConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                  position_ids: torch.Tensor | None, kv_cache: KVCache | None, window_start: int | torch.Tensor,
+                  dtype: torch.dtype):
+    """What every layer of a forward shares: RoPE tables cos, sin [B, 1, Tq, D] (in `dtype`), key_mask
+    [B, 1, 1, T] | None, query_keep [B, 1, Tq, 1] | None and the window's canvas slots index [Tq] | None (with a
+    KV cache: input_ids is the window [s, s + Tq) of a canvas of kv_cache.length positions)."""
+    B, Tq = input_ids.shape
+    dev = input_ids.device
+    T = Tq if kv_cache is None else kv_cache.length
+    index = window_index(window_start, Tq, dev) if kv_cache is not None else None
+    if position_ids is None:
+        position_ids = dream_positions(attention_mask, B, T, dev)
+        if index is not None:
+            position_ids = position_ids.index_select(1, index)
+    key_mask = query_keep = None
+    if attention_mask is not None:
+        keep = attention_mask.bool()  # [B, T]
+        # a fully padded row would leave its queries nothing to attend: let them see every key, then zero them
+        key_mask = (keep | ~keep.any(-1, keepdim=True))[:, None, None, :]  # [B, 1, 1, T]
+        q_keep = keep if index is None else keep.index_select(1, index)
+        query_keep = q_keep[:, None, :, None].to(dtype)  # [B, 1, Tq, 1]
+    cos, sin = rope_tables(position_ids, config.head_dim, config.rope_theta, dtype)
+    return cos, sin, key_mask, query_keep, index
+
+
 class DreamBaseModel(nn.Module):
     """The official `model` submodule: embed_tokens, layers, norm."""
 
@@ -236,23 +271,9 @@ class DreamBaseModel(nn.Module):
                 window_start: int | torch.Tensor = 0) -> torch.Tensor:
         """Final hidden states [B, Tq, d]. kv_cache: input_ids is the window [s, s + Tw) of a canvas whose K/V
         live in the cache; attention_mask [B, T] is then the whole canvas's mask."""
-        B, Tq = input_ids.shape
         x = self.embed_tokens(input_ids)  # [B, Tq, d]
-        dev = input_ids.device
-        T = Tq if kv_cache is None else kv_cache.length
-        index = window_index(window_start, Tq, dev) if kv_cache is not None else None
-        if position_ids is None:
-            position_ids = dream_positions(attention_mask, B, T, dev)
-            if index is not None:
-                position_ids = position_ids.index_select(1, index)
-        key_mask = query_keep = None
-        if attention_mask is not None:
-            keep = attention_mask.bool()  # [B, T]
-            # a fully padded row would leave its queries nothing to attend: let them see every key, then zero them
-            key_mask = (keep | ~keep.any(-1, keepdim=True))[:, None, None, :]  # [B, 1, 1, T]
-            q_keep = keep if index is None else keep.index_select(1, index)
-            query_keep = q_keep[:, None, :, None].to(x.dtype)  # [B, 1, Tq, 1]
-        cos, sin = rope_tables(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin, key_mask, query_keep, index = canvas_inputs(self.config, input_ids, attention_mask, position_ids,
+                                                              kv_cache, window_start, x.dtype)
         for i, layer in enumerate(self.layers):
             if kv_cache is not None:
                 x = layer(x, cos, sin, key_mask, query_keep, kv_cache.layer(i), index)
