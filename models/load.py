@@ -83,12 +83,24 @@ def load_model_and_tokenizer(cfg: ModelConfig) -> tuple[LLaDAModelLM, object]:
     return model, tokenizer
 
 
+REMOTE_QWEN2_TOKENIZERS = ("DreamTokenizer",)
+"""tokenizer_config.json classes that live in a hub repo's remote code but are Qwen2's byte-level BPE renamed (Dream's
+tokenization_dream.py: Qwen2Tokenizer's vocab.json / merges.txt, pre-tokenisation regex and NFC normalisation):
+loaded with transformers' Qwen2Tokenizer, never with remote code."""
+
+
 def load_tokenizer(directory: str | Path, config=None):
     """AutoTokenizer of a checkpoint directory. `config` (the loaded model's) is handed to transformers: without it,
     AutoTokenizer re-reads config.json, does not know model_type "llada", and warns "You are using a model of type
-    llada to instantiate a model of type ``" on every load."""
+    llada to instantiate a model of type ``" on every load. A Dream directory's DreamTokenizer (remote code) is read
+    as the Qwen2Tokenizer it is (REMOTE_QWEN2_TOKENIZERS)."""
     from transformers import AutoTokenizer
 
+    tok_cfg = Path(directory) / "tokenizer_config.json"
+    if tok_cfg.is_file() and json.loads(tok_cfg.read_text()).get("tokenizer_class") in REMOTE_QWEN2_TOKENIZERS:
+        from transformers import Qwen2Tokenizer
+
+        return Qwen2Tokenizer.from_pretrained(str(directory))
     extra = {} if config is None else {"config": config}
     return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False, **extra)
 

@@ -180,3 +180,26 @@ def test_gradients_flow_with_checkpointing():
     x = torch.randint(5, 100, (2, 6))
     m(x, torch.ones_like(x)).logits.sum().backward()
     assert m.model.layers[0].self_attn.k_proj.bias.grad.abs().sum() > 0
+
+
+def test_dream_tokenizer_is_read_as_qwen2_without_remote_code(tmp_path):
+    """The hub's tokenizer_config.json names DreamTokenizer (remote code: Qwen2's BPE renamed); AutoTokenizer would
+    need trust_remote_code, our loader reads it with transformers' Qwen2Tokenizer."""
+    from dllm_ais.models.load import load_tokenizer
+
+    vocab = {chr(c): i for i, c in enumerate(range(33, 127))}
+    vocab["Ġ"], vocab["ab"] = len(vocab), len(vocab) + 1
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\n")
+    special = {"special": True, "lstrip": False, "rstrip": False, "normalized": False, "single_word": False}
+    n = len(vocab)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "DreamTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "added_tokens_decoder": {str(n): {"content": "<|endoftext|>", **special},
+                                 str(n + 1): {"content": "<|mask|>", **special}},
+        "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>", "padding_side": "left"}))
+    tok = load_tokenizer(tmp_path)
+    assert type(tok).__name__ == "Qwen2Tokenizer"
+    assert tok("ab c<|mask|>").input_ids == [n - 1, n - 2, vocab["c"], n + 1]
+    assert (tok.eos_token_id, tok.pad_token_id, tok.mask_token_id) == (n, n, n + 1)
