@@ -47,12 +47,13 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model, batch: int, length: int) -> KVCache:
-        """A cache sized for `model` (LLaDAModelLM, a peft or DDP-style wrapper of it, or FusedLLaDA: its config and
-        embedding dtype/device)."""
+        """A cache sized for `model` (LLaDAModelLM, FusedLLaDA or DreamModel, or a peft or DDP-style wrapper of one: its
+        config and embedding dtype/device); it holds the key/value heads (n_kv_heads: fewer than n_heads for Dream's
+        GQA)."""
         model = unwrap(model)
         config, weight = model.config, model.get_input_embeddings().weight
-        return cls.allocate(config.n_layers, batch, config.n_heads, length, config.head_dim, weight.device,
-                            weight.dtype)
+        heads = getattr(config, "n_kv_heads", None) or config.n_heads
+        return cls.allocate(config.n_layers, batch, heads, length, config.head_dim, weight.device, weight.dtype)
 
     @property
     def length(self) -> int:

@@ -2,7 +2,7 @@
 
 After every optimizer step each QuantizedLinear of the copy is requantised from the master's layer of the same
 canonical name (walker.py: LoRA merged on the fly, peft prefixes ignored) into its existing buffers, so the copy's
-memory never moves. A fused LLaDA copy (fp8/fused_llada.py) is synced by its own routine.
+memory never moves. A fused LLaDA or Dream copy (fp8/fused_llada.py, fused_dream.py) is synced by its own routine.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ def sync_weights(master: nn.Module, rollout: nn.Module, gather: Callable | None 
     fused = sys.modules.get(f"{__package__}.fused_llada")  # only a loaded module can have made `rollout`
     if fused is not None and isinstance(rollout, fused.FusedLLaDA):
         fused.sync_fused_llada(master, rollout, gather=gather, full=full)  # None, None: its one-pass sync
+        return
+    fused_dream = sys.modules.get(f"{__package__}.fused_dream")
+    if fused_dream is not None and isinstance(rollout, fused_dream.FusedDream):
+        if gather is not None:
+            raise NotImplementedError("sync_weights: the fused Dream copy syncs from an unsharded master only.")
+        fused_dream.sync_fused_dream(master, rollout)
         return
     gather = gather or contextlib.nullcontext
     full = full or (lambda t: t)
