@@ -120,10 +120,14 @@ def _stopped_by_signal(tmp: Path, out: Path, sig: int, processes: int) -> int:
 
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("whole")
-    code, log = _finish(_start(tmp, tmp / "run", "--steps", str(STEPS)))
-    assert code == 0, log[-10000:]
-    return tmp / "run"
+    """The uninterrupted run, in this process (what the script's train command runs, without its start-up)."""
+    from dist_train_script import small_preset
+
+    from dllm_ais.train.job import run_training
+
+    out = tmp_path_factory.mktemp("whole") / "run"
+    run_training(small_preset(steps=STEPS, sft_steps=2), out, progress=False)
+    return out
 
 
 @pytest.mark.slow

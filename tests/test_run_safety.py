@@ -79,12 +79,14 @@ def test_save_clock(monkeypatch):
     assert not trainer_state.SaveClock(0.0).due()
 
 
-def test_the_loop_checkpoints_on_time_and_prunes(tmp_path):
-    """An interval shorter than a step: a checkpoint after every step, the newest 2 kept."""
+def test_the_loop_checkpoints_on_time_and_prunes(tmp_path, capsys):
+    """An interval shorter than a step: a checkpoint after every step, the newest 2 kept; the run directory is said
+    when the run starts (before the SFT warm-up's first line)."""
     from dllm_ais.train.job import run_training
 
     out = tmp_path / "run"
     run_training(small_preset(steps=3, save_every_minutes=1e-6, keep_checkpoints=2), out, progress=False)
+    assert capsys.readouterr().err.splitlines()[0] == f"run directory: {out}"
     assert [p.name for p in RunDir(out).step_dirs()] == ["step-000003", "step-000002"]
     for ckpt in RunDir(out).step_dirs():
         RunDir.verify(ckpt)

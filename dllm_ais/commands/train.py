@@ -24,15 +24,6 @@ def default_run_dir(preset_name: str, now: float | None = None, pid: int | None 
     return f"runs/{preset_name}-{stamp}-{pid}"
 
 
-def _say_run_dir(out: str, resume: bool) -> None:
-    """The run directory, said when the run starts (once: by the first process of a multi-process launch)."""
-    import os
-    import sys
-
-    if os.environ.get("RANK", "0") == "0":
-        print(f"{'resuming' if resume else 'run directory:'} {out}", file=sys.stderr, flush=True)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     import math
     import time
@@ -57,7 +48,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     device_and_backend_checks(preset)
     torch.set_num_threads(threads)
-    _say_run_dir(out, args.resume)
     t0 = time.perf_counter()
     try:
         trainer = run_training(preset, out, resume=args.resume, progress=not args.no_progress, steps=args.steps,

@@ -249,6 +249,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
     if state.is_main_process:
         preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
+        if not resume:  # said when the run starts, not only at its end (a resume names its checkpoint instead)
+            print(f"run directory: {run.path}", file=sys.stderr, flush=True)
     if resume and state.is_main_process and ckpt is None:
         print(f"--resume: {_sft_state(run, preset.train.sft_steps)}", file=sys.stderr, flush=True)
     if preset.model.device.startswith("cuda"):  # each process loads onto its own GPU
