@@ -109,7 +109,7 @@ def test_positions_select_rows_and_shift_is_pure(model, official):
 def test_kv_cache_window_forward_matches_full_forward(model, official):
     x, m = official["padded_input_ids"], official["padded_attention_mask"]
     cache = KVCache.for_model(model, *x.shape)
-    assert cache.k.shape[2] == model.config.num_key_value_heads
+    assert len(cache.k) == model.config.n_layers and cache.k[0].shape[1] == model.config.num_key_value_heads
     with torch.no_grad():
         full = model(x, m).logits
         torch.testing.assert_close(model(x, m, kv_cache=cache).logits, full, rtol=0, atol=1e-6)

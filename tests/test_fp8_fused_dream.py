@@ -80,7 +80,7 @@ def test_fused_kv_cache_window_and_shift():
     assert isinstance(logits_view(rollout), ShiftedLogits)
     x, m = _canvas()
     cache = KVCache.for_model(rollout, *x.shape)
-    assert cache.k.shape[2] == 2
+    assert cache.k[0].shape[1] == 2  # [B, H_kv, T, D] per layer
     with torch.no_grad():
         full = rollout(x, m).logits
         rollout(x, m, kv_cache=cache)
