@@ -134,8 +134,9 @@ class PolicyLikelihoodConfig:
     (SPG: 0.5)."""
     spg_block_length: int | None = None
     """`spg`: block length of the block-random masks; None = the sampler's block_length."""
-    spg_p_mask_prompt: float = 0.15
-    """`spg`: probability of masking each prompt token and each token of the blocks before the chosen one."""
+    spg_p_mask_prompt: float = 0.3
+    """`spg`: probability of masking each prompt token and each token of the blocks before the chosen one (SPG's
+    config and GSM8K recipe: 0.3; DARE uses d1's 0.15)."""
     mask_tail: bool = True
     """Post-EOS positions shown as mask tokens (the sampler's blank canvas) rather than as themselves; never scored."""
     batch_size: int = 64
