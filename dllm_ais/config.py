@@ -348,7 +348,7 @@ class Preset:
             object.__setattr__(self, "grpo", replace(self.grpo, importance_sampling_level=level))
         if name == "spg" and self.grpo.beta != 0:
             raise ValueError(f"--policy-logprob spg with --beta {self.grpo.beta}: SPG trains without a KL term "
-                             "(β_KL = 0); pass --beta 0.")
+                             "(β_KL = 0); set GRPOConfig.beta to 0 (--beta 0).")
         if name != "trajectory":
             return
         if self.sampler.temperature == 0:

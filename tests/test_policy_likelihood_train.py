@@ -209,3 +209,17 @@ def test_spg_refuses_the_grpo_update_path_until_the_trainer_calls_its_loss():
         be.token_logp(model, ro, seed=1)  # θ in training mode with gradients: the GRPO update
     with torch.no_grad():
         assert be.token_logp(model, ro, seed=1).shape == (6, 6)  # π_old / μ / diagnostics are fine
+
+
+def test_spg_sequence_bound_trains_through_its_own_loss():
+    model, ro = _model().train(), _rollout()
+    be = _backend("spg", PolicyLikelihoodConfig(elbo_draws=2, spg_block_length=2, spg_mix=0.5))
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 2.0])
+    rows = torch.tensor([1, 3, 4])
+    ell = be.sequence_logp(model, ro, 7, adv[rows], rows=rows)  # the trainer hook's call, θ in training mode
+    out = spg_loss(ell, adv[rows].double(), ro.completion_mask[rows].sum(-1))
+    out.loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():
+        full = be.sequence_logp(model, ro, 7, adv)
+    torch.testing.assert_close(ell.detach(), full[rows], rtol=0, atol=1e-12)  # the batch's draw, sliced
