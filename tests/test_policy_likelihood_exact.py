@@ -17,7 +17,7 @@ from dllm_ais.likelihood.spg import spg_eubo
 from dllm_ais.models.tiny import init_weights, tiny_model
 
 MASK = 4
-P_PROMPT = 0.15
+P_PROMPT = 0.3  # PolicyLikelihoodConfig's spg_p_mask_prompt (SPG's default)
 
 
 @pytest.fixture(scope="module")

@@ -201,3 +201,17 @@ def test_presets_spg_refuses_kl_and_elbo_sets_the_sequence_ratio():
         check_combinations({"--elbo-draws": 4}, base)
     with pytest.raises(ValueError, match="--spg-beta has no effect"):
         check_combinations({"--spg-beta": 1.0}, p)
+
+
+def test_spg_sequence_bound_trains_through_its_own_loss():
+    model, ro = _model().train(), _rollout()
+    be = _backend("spg", PolicyLikelihoodConfig(elbo_draws=2, spg_block_length=2, spg_mix=0.5))
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 2.0])
+    rows = torch.tensor([1, 3, 4])
+    ell = be.sequence_logp(model, ro, 7, adv[rows], rows=rows)  # the trainer hook's call, θ in training mode
+    out = spg_loss(ell, adv[rows].double(), ro.completion_mask[rows].sum(-1))
+    out.loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():
+        full = be.sequence_logp(model, ro, 7, adv)
+    torch.testing.assert_close(ell.detach(), full[rows], rtol=0, atol=1e-12)  # the batch's draw, sliced

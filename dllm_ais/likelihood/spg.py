@@ -2,7 +2,7 @@
 EUBO (or a mixture) for the others — as SPG's code computes them.
 
 Draw (`draw_spg`, per sequence and draw): a completion block c uniform among the blocks holding counted tokens; the
-counted tokens of earlier blocks and the real prompt tokens are masked independently w.p. p_mask_prompt (0.15); in
+counted tokens of earlier blocks and the real prompt tokens are masked independently w.p. p_mask_prompt (0.3); in
 block c, x ~ U{1..m} of its m counted tokens form a uniform subset; counted tokens of later blocks are all masked.
 Post-EOS positions are never masked nor scored. level = t̂ = (#masked counted tokens) / L_i.
 
@@ -33,7 +33,7 @@ SPG_BETA = 1.5
 
 
 def draw_spg(completion_mask: torch.Tensor, num_draws: int, generator: torch.Generator | int, block_length: int,
-             prompt_mask: torch.Tensor | None = None, p_mask_prompt: float = 0.15) -> PolicyDraw:
+             prompt_mask: torch.Tensor | None = None, p_mask_prompt: float = 0.3) -> PolicyDraw:
     """SPG block-random draws. completion_mask [B, L] bool (a prefix per row), prompt_mask [B, P] bool or None."""
     check_num_draws(num_draws)
     if block_length < 1:
