@@ -128,9 +128,13 @@ def graphed_window_step(model, cache: KVCache, x_window: torch.Tensor, attention
     float as the model returns it). The graph is captured now (warm-up included) over `cache`, which a refresh
     should have filled. For timing (scripts/gpu_quick.py): each call is one replay plus three small copies.
     x_window [B, Tw] long, attention_mask [B, T] bool, window_start: the window's first canvas position."""
+    B, Tw = x_window.shape
+    if isinstance(model, torch.nn.Module):  # FP8 GEMM backend decisions for this M, made before the capture
+        from dllm_ais.fp8.backends import prepare_gemm_shapes
+
+        prepare_gemm_shapes(model, [B * Tw])
     graphs = SamplerGraphs("on", model_step, capture_fn, warmup)
     graphs.cache = cache
-    B, Tw = x_window.shape
     positions = torch.arange(Tw, device=x_window.device).expand(B, -1)
     start = torch.tensor(window_start, device=x_window.device)
     graphs.logits(model, x_window, attention_mask, positions, cache, start)  # capture

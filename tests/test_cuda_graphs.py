@@ -225,3 +225,30 @@ def test_train_flags_refuse_on_for_cpu_rollouts():
     check_combinations({}, preset)  # auto on CPU: fine (eager)
     cuda = replace(on, model=replace(on.model, device="cuda"))
     check_combinations({"--cuda-graphs": "on"}, cuda)
+
+
+@pytest.mark.slow
+def test_graphed_compiled_dual_cache_rollout_equals_eager(fake_cuda, monkeypatch):
+    """With SamplerConfig.compile (inductor on CPU via DLLM_AIS_COMPILE_CPU) the runner captures the compiled step
+    (inductor without its own graphs) over its per-layer cache: the rollout equals eager's tokens."""
+    monkeypatch.setenv("DLLM_AIS_COMPILE_CPU", "1")
+    monkeypatch.setattr(diffusion, "_GAVE_UP", set())
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    diffusion._compiled_step.cache_clear()
+    try:
+        model = tiny_model(seed=7, n_layers=1, d_model=32, n_heads=2, mlp_hidden_size=64)
+        ids, mask = diffusion.pad_prompts_to_bucket(*_encode(PROMPTS[:2]), MASK)
+        cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, cache="dual", cuda_graphs="on")
+        graphed = diffusion_sample(model, ids, mask, cfg, MASK, (EOS,))
+        eager = diffusion_sample(model, ids, mask, SamplerConfig(**{**cfg.__dict__, "cuda_graphs": "off",
+                                                                    "compile": False}), MASK, (EOS,))
+        assert torch.equal(graphed.completion_ids, eager.completion_ids)
+        assert torch.equal(graphed.commit_step, eager.commit_step)
+        torch.testing.assert_close(graphed.logp_rollout, eager.logp_rollout, rtol=0, atol=1e-5)
+        runner = diffusion_graphs._RUNNERS[model][1]
+        assert len(runner.calls) == 2 and runner.eager_reason is None  # refresh + window, both captured
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the compiled step was what ran
+    finally:
+        torch._dynamo.reset()
+        diffusion._compiled_step.cache_clear()
