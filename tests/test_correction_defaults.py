@@ -38,3 +38,11 @@ def test_default_config_weights_by_hand():
     assert math.isclose(float(out.log_w_min), -5.0) and math.isclose(float(out.log_w_max), 3.0)
     assert math.isclose(float(out.divergence), D, rel_tol=1e-9)
     assert 0.05 < lam < 0.95 and omega[0] < 0.7  # the case really exercises the weights
+
+
+def test_bad_tau_error_states_the_real_default():
+    import pytest
+
+    with pytest.raises(ValueError, match=rf"\(default {CorrectionConfig().ais_tau}\)"):
+        CorrectionConfig(ais_tau=0.0)
+    assert CorrectionConfig().ais_tau == 0.1

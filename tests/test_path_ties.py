@@ -1,6 +1,7 @@
 """The path likelihood where confidences tie, and where the mask token takes real probability: a position- and
 canvas-blind model (every position sees the same logits), so every path's probability is computable by hand, and
-two positions proposing the same token tie exactly.
+two positions proposing the same token tie exactly; and a model whose mask-token probability is large and differs
+between positions (0–0.7), so a confidence read without the mask token reorders the positions.
 
 Tie rule (DESIGN.md §5, samplers/diffusion.py): the sampler sorts confidences descending with a *stable* sort and
 threshold decoding's forced commit is the *first* argmax, so of two tied positions the lower one is committed. The
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_path_likelihood import (DRAWS, MASK_ID, PROMPT, VOCAB, confident_model, enumerate_paths, g_test,
+from test_path_likelihood import (CASES, DRAWS, MASK_ID, PROMPT, confident_model, enumerate_paths, g_test,
                                   path_keys, rollout_of, sampler_counts)
 
 from dllm_ais.config import SamplerConfig
@@ -116,3 +117,37 @@ def test_tied_paths_sum_to_one_and_match_the_sampler(name):
     drawn = completion[counts > 0]
     tied = torch.tensor([len(set(r)) < len(r) for r in drawn.tolist()])
     assert int(tied.sum()) > 0  # the sampler really drew paths with tied proposals
+
+
+def mask_heavy_model():
+    """confident_model with a random direction added to the mask token's LM-head row: the mask's full-softmax
+    probability ranges over 0–0.7 and differs between positions (the plain model gives it 4e-4 to 1.4e-3), so the
+    confidence's normaliser (mask token included, as the sampler) changes which position is the most confident."""
+    model = confident_model()
+    with torch.no_grad():
+        w = model.model.transformer.ff_out.weight
+        g = torch.Generator().manual_seed(7)
+        w[MASK_ID] += 4.0 * torch.randn(w.shape[1], generator=g) * w.norm(dim=1).mean() / w.shape[1] ** 0.5
+    return model
+
+
+@pytest.mark.parametrize("name", ["topk-k1", "threshold-0.5"])
+def test_uncached_paths_with_a_probable_mask_token_match_the_sampler(name):
+    """The path law equals sampler frequencies with the mask-heavy model, uncached (a likelihood whose confidence
+    drops the mask token fails the threshold case at p ~ 1e-65; top-k only reorders where the mask's probability
+    differs between the positions of one canvas, which this model rarely does at the first step)."""
+    cfg = CASES[name]
+    assert cfg.cache == "none"
+    model = mask_heavy_model()
+    completion, commit = enumerate_paths(cfg)
+    with torch.no_grad():
+        probs = path_logprob(model, rollout_of(completion, commit), cfg).log_prob.exp()
+        canvas = torch.cat([PROMPT.expand(300, -1), completion[:300]], 1)  # partly filled canvases
+        canvas[:, -3:][torch.rand(300, 3, generator=torch.Generator().manual_seed(0)) < 0.6] = MASK_ID
+        p_mask = model(input_ids=canvas, attention_mask=torch.ones_like(canvas, dtype=torch.bool)).logits.softmax(
+            -1)[:, -3:, MASK_ID][canvas[:, -3:] == MASK_ID]
+    assert float(p_mask.quantile(0.9)) > 0.2, p_mask  # the mask token takes real probability on many canvases
+    assert abs(float(probs.sum()) - 1) < 1e-4
+    counts = sampler_counts(model, cfg, path_keys(completion, commit, cfg))
+    G, df, pval = g_test(counts, DRAWS * probs)
+    assert df >= 10 and pval > 0.01, (G, df, pval)

@@ -296,7 +296,7 @@ class CorrectionConfig:
                              "so exp stays finite in float32).")
         if not (self.ais_tau > 0.0 and math.isfinite(self.ais_tau)):
             raise ValueError(f"CorrectionConfig.ais_tau={self.ais_tau}: the severity scale τ must be finite and > 0 "
-                             "(default 0.02).")
+                             f"(default {CorrectionConfig.ais_tau}).")
         if not 0.0 <= self.ais_ema < 1.0:
             raise ValueError(f"CorrectionConfig.ais_ema={self.ais_ema}: the EMA factor must be in [0, 1); 0 disables "
                              "smoothing, values near 1 make λ react slowly.")
