@@ -8,7 +8,6 @@ weights drawn from an explicit `torch.Generator`, never the global RNG; built on
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

@@ -13,8 +13,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_path_likelihood import (CASES, DRAWS, MASK_ID, PROMPT, confident_model, enumerate_paths, g_test,
-                                  path_keys, rollout_of, sampler_counts)
+from test_path_likelihood import (
+    CASES,
+    DRAWS,
+    MASK_ID,
+    PROMPT,
+    confident_model,
+    enumerate_paths,
+    g_test,
+    path_keys,
+    rollout_of,
+    sampler_counts,
+)
 
 from dllm_ais.config import SamplerConfig
 from dllm_ais.likelihood.trajectory import path_logprob

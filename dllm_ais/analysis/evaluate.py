@@ -484,9 +484,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                              "Default: the preset's length")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per sampler batch (default 16)")
     parser.add_argument("--out", default=None, help="output directory: one <task>-<split>-gen<L>/ per length with "
-                        "generations.jsonl and scores.json (default <run>/evals/<task>-<protocol>-<time> for a run's model, else "
-                        "./evals/…; with "
-                        "--score-file nothing is written unless --out is given)")
+                        "generations.jsonl and scores.json (default <run>/evals/<task>-<protocol>-<time> for a run's "
+                        "model, else ./evals/…; with --score-file nothing is written unless --out is given)")
     parser.add_argument("--seed", type=int, default=0, help="seed of procedural test sets and sampler noise")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the preset's)")
     parser.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16 (default: preset's)")

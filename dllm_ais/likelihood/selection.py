@@ -24,10 +24,10 @@ constant): the selection term's gradient is the one of the exact path probabilit
 An event of probability 0 — a committed token below the threshold beside others above it, a step of the fixed
 schedule that commits another number of tokens than `transfer_schedule` gives it (top-k's k is the schedule's, not
 the step's own count) — has the log-probability `impossible`: −inf for the exact law (`trajectory.path_logprob`),
-`LOG_ZERO` (a finite floor, the default) for the training likelihoods. The floor is deliberate there: θ and π_old (or π_old and μ) may both find a sampled path impossible (a
-quantised rollout's confidence crossing τ), and −inf − (−inf) is NaN in a ratio; with the floor the ratio of two
-impossible terms is 1 with no gradient, and one impossible term against a possible one gives ℓ ≤ −30 + O(1), which
-the correction's log_w_clamp bounds.
+`LOG_ZERO` (a finite floor, the default) for the training likelihoods. The floor is deliberate there: θ and π_old
+(or π_old and μ) may both find a sampled path impossible (a quantised rollout's confidence crossing τ), and
+−inf − (−inf) is NaN in a ratio; with the floor the ratio of two impossible terms is 1 with no gradient, and one
+impossible term against a possible one gives ℓ ≤ −30 + O(1), which the correction's log_w_clamp bounds.
 """
 
 from __future__ import annotations

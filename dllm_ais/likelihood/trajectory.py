@@ -174,7 +174,8 @@ def scheduled_count(cs: torch.Tensor, steps: torch.Tensor, config: SamplerConfig
 
 
 def _chunk_terms(model, rollout: Rollout, rows: torch.Tensor, steps: torch.Tensor, config: SamplerConfig,
-                 mask_token_id: int, selection: bool, impossible: float = LOG_ZERO) -> tuple[torch.Tensor, torch.Tensor]:
+                 mask_token_id: int, selection: bool,
+                 impossible: float = LOG_ZERO) -> tuple[torch.Tensor, torch.Tensor]:
     """(token log q [n, Lb], each step's selection term [n]) of the (rows, steps) canvases: [n, Lb] over the step's
     block, nonzero on the tokens committed at the step. impossible: a probability-0 step's selection term."""
     Lb = config.block_length
@@ -209,8 +210,9 @@ def replay_terms(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfi
 
     -> (token [B, L]: log q(y_j | canvas_t(j)) of every token committed at a replayed step, float32 (float64 for a
     float64 model); step_select [B, L] float64: the selection term of each such token's step, repeated per token,
-    0 when `selection` is off; `impossible` for a step of probability 0, selection.py). 0 elsewhere. Differentiable when grad is enabled (each chunk of `chunk_size`
-    canvases, default the rollout's batch size, is activation-checkpointed); a no-grad call runs plain forwards.
+    0 when `selection` is off; `impossible` for a step of probability 0, selection.py). 0 elsewhere. Differentiable
+    when grad is enabled (each chunk of `chunk_size` canvases, default the rollout's batch size, is
+    activation-checkpointed); a no-grad call runs plain forwards.
     """
     _check_temperature(config.temperature)
     B, L = rollout.completion_ids.shape
