@@ -45,18 +45,55 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def read_json_object(path: Path, error: type[Exception] = ValueError) -> dict:
+    """The JSON object in `path`, or `error` with one line naming the file and what is wrong (truncated, not an
+    object)."""
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        cut = " — the file looks truncated (it ends before the JSON does)" if e.pos >= len(text.rstrip()) else ""
+        raise error(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}{cut}; restore or "
+                    "re-download it.") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: holds a JSON {type(data).__name__}, not an object of config fields.")
+    return data
+
+
+def _check_field_types(data: dict, cfg_file: Path) -> None:
+    """Every field LLaDAConfig declares as int / float / bool (None allowed where it says `| None`) must hold that
+    type: one line naming the file and the field otherwise (a string "banana" for d_model would fail deep inside the
+    model's construction)."""
+    import inspect
+
+    kinds = {"int": int, "float": float, "bool": bool}
+    for name, param in inspect.signature(LLaDAConfig.__init__).parameters.items():
+        kind = kinds.get(str(param.annotation).split(" |")[0])
+        if kind is None or name not in data or (data[name] is None and "None" in str(param.annotation)):
+            continue
+        value, default = data[name], param.default
+        ok = (isinstance(value, bool) if kind is bool else
+              isinstance(value, int) and not isinstance(value, bool) if kind is int else
+              isinstance(value, (int, float)) and not isinstance(value, bool))
+        if not ok:
+            raise CheckpointError(f"{cfg_file}: field {name!r} is {value!r} ({type(value).__name__}); it must be "
+                                  f"{'a number' if kind is float else 'an integer' if kind is int else 'true/false'}"
+                                  f" (LLaDA-8B: {default!r}).")
+
+
 def read_llada_config(path: str | os.PathLike) -> LLaDAConfig:
     """Parse `path/config.json` into an LLaDAConfig, naming the field that is wrong."""
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{cfg_file} not found: point --model at a LLaDA checkpoint directory.")
-    data = json.loads(cfg_file.read_text())
+    data = read_json_object(cfg_file, CheckpointError)
     model_type = data.get("model_type")
     if model_type != "llada":
         raise CheckpointError(f"{cfg_file}: model_type is {model_type!r}, expected 'llada'. "
                               "Autoregressive models go through the Qwen backend.")
     if data.get("mask_token_id") is None:
         raise CheckpointError(f"{cfg_file}: missing field 'mask_token_id' (126336 for LLaDA-8B); add it.")
+    _check_field_types(data, cfg_file)
     generation = _read_json(Path(path) / "generation_config.json")
     for key in OPTIONAL_TOKEN_IDS:  # never LLaDAConfig's LLaDA-8B defaults: those ids are out of range elsewhere
         if data.get(key) is None:

@@ -8,7 +8,6 @@ weights drawn from an explicit `torch.Generator`, never the global RNG; built on
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from torch import nn
 
 from dllm_ais.atomic import atomic_dir
 
+from .checkpoint import read_json_object
 from .load import resolve_checkpoint_dir
 from .tiny import BOS, PAD_EOS, tiny_tokenizer, tiny_vocab
 
@@ -32,7 +32,7 @@ def read_model_type(path: str | os.PathLike) -> str:
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise QwenCheckpointError(f"{cfg_file} not found: point at a Qwen2/Qwen3 checkpoint directory.")
-    model_type = json.loads(cfg_file.read_text()).get("model_type")
+    model_type = read_json_object(cfg_file, QwenCheckpointError).get("model_type")
     if model_type not in QWEN_MODEL_TYPES:
         hint = " LLaDA checkpoints go through dllm_ais.models.checkpoint.load_llada." if model_type == "llada" else ""
         raise QwenCheckpointError(f"{cfg_file}: field 'model_type' is {model_type!r}; the Qwen backend loads "

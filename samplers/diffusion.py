@@ -42,20 +42,13 @@ from collections.abc import Sequence
 import torch
 
 from dllm_ais.config import SamplerConfig
+from dllm_ais.likelihood.selection import transfer_schedule  # noqa: F401 (re-exported: the sampler's schedule)
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.progress import progress_bar
 from dllm_ais.types import Rollout
 
 from . import cuda_graphs, diffusion_graphs
 from .diffusion_graphs import model_step as _step
-
-
-def transfer_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
-    """Tokens to commit per step: num_masked [B] -> [B, steps], rows summing to num_masked (remainder first)."""
-    base = num_masked // steps  # [B]
-    rem = num_masked % steps  # [B]
-    extra = torch.arange(steps, device=num_masked.device)[None, :] < rem[:, None]  # [B, steps]
-    return base[:, None] + extra.long()
 
 
 def propose_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:

@@ -114,7 +114,7 @@ def test_eval_run_and_eval_model_name_the_corrupt_file(run, capsys):
     assert main(["eval", "--run", str(run), "--limit", "1", "--out", str(run / "ev")]) == 2
     line = _one_line(capsys.readouterr().err)
     assert "step-000003: file model/model.safetensors does not match its manifest" in line, line
-    assert f"An older checkpoint to try: --model {_ckpt(run, 2)}" in line, line
+    assert f"An older checkpoint to try: --model {_ckpt(run, 2)} (it verifies)" in line, line
     _truncate(_ckpt(run, 2) / "model" / "chat_template.jinja")
     assert main(["eval", "--model", str(_ckpt(run, 2)), "--limit", "1", "--no-hash-check",
                  "--out", str(run / "ev")]) == 2
@@ -129,3 +129,35 @@ def test_sample_run_names_the_corrupt_file_and_no_hash_check_checks_sizes_only(r
     assert "file model/model.safetensors does not match its manifest" in _one_line(capsys.readouterr().err)
     assert main(["sample", "--run", str(run), "--steps", "1", "--prompt", "1+1=", "--no-hash-check"]) == 0
     assert "### 1+1=" in capsys.readouterr().out  # same size, not hashed: loaded (what the flag trades away)
+
+
+def test_eval_run_suggests_only_a_checkpoint_that_verifies(run, capsys):
+    """`eval --run` checks an older checkpoint before suggesting it (as --resume does): with step 3 and 2 broken it
+    names step 1; with every manifest deleted it says that none verifies instead of suggesting one that fails."""
+    _flip_byte(_ckpt(run, 3) / "model" / "model.safetensors")
+    _truncate(_ckpt(run, 2) / "model" / "chat_template.jinja")
+    assert main(["eval", "--run", str(run), "--limit", "1", "--out", str(run / "ev")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"An older checkpoint to try: --model {_ckpt(run, 1)} (it verifies)" in line, line
+    for step in (1, 2, 3):
+        (_ckpt(run, step) / "manifest.json").unlink()
+    assert main(["eval", "--run", str(run), "--limit", "1", "--out", str(run / "ev")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "older checkpoint to try" not in line and "No older checkpoint verifies either" in line, line
+    assert "step-000002, step-000001 checked" in line, line
+    assert not (run / "ev").exists()
+
+
+def test_eval_writes_into_the_run_and_says_what_it_does(run, capsys, monkeypatch, tmp_path):
+    """Without --out, `eval --run` writes under <run>/evals/ (not ./evals/) and prints a line before it starts and
+    per batch (stderr is not a tty here); an explicit --out still wins."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--run", str(run), "--limit", "2", "--batch-size", "1"]) == 0
+    captured = capsys.readouterr()
+    assert not (tmp_path / "evals").exists()
+    written = list((run / "evals").glob("*/*/scores.json"))
+    assert len(written) == 1, written
+    assert f"writing {written[0].parent}" in captured.err
+    assert "batch 1/2" in captured.err and "batch 2/2" in captured.err, captured.err
+    assert main(["eval", "--run", str(run), "--limit", "1", "--out", str(tmp_path / "mine")]) == 0
+    assert list((tmp_path / "mine").glob("*/scores.json"))

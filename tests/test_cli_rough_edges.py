@@ -3,6 +3,7 @@ permissions that follow the umask, a resumable SFT warm-up, sampling a trained r
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,8 +154,10 @@ def test_eval_takes_a_checkpoint_dir_and_writes_by_default(trained_run, tmp_path
     assert main(["eval", "--model", str(step1), "--limit", "2", "--gen-length", "8"]) == 0
     assert "step-000001" in capsys.readouterr().out
     task = get_preset("tiny-cpu").train.task  # the run's task (the default preset's)
-    written = list((tmp_path / "evals").glob(f"{task}-strict-*/{task}-test-gen8/scores.json"))
+    assert not (tmp_path / "evals").exists()  # a run's checkpoint: into the run's own evals/, not ./evals/
+    written = list((trained_run / "evals").glob(f"{task}-strict-*/{task}-test-gen8/scores.json"))
     assert len(written) == 1 and json.loads(written[0].read_text())["n"] == 2
+    shutil.rmtree(trained_run / "evals")  # the run fixture is shared
 
 
 def test_help_texts(capsys):

@@ -171,3 +171,12 @@ def test_fsdp_shards_master_gradients_and_optimizer_but_not_the_copy_or_the_acti
     assert eight.memory.rollout_copy == one.memory.rollout_copy  # whole on every GPU, made from the fp32 master
     assert eight.workload.rows == one.workload.rows  # every process rolls out its own prompts
     assert any("--dtype float32" in n for n in eight.notes)
+
+
+def test_each_likelihood_row_says_which_model_it_is(capsys):
+    """The coupled mismatch ELBO is two passes on the same draws, one per model: the table names them π_old and μ
+    (two identical "mismatch ELBO (4 draws)" rows said neither)."""
+    assert main(["plan", "--preset", D1, "--gpu", "h100", "--json"]) == 0
+    names = [p["what"] for p in json.loads(capsys.readouterr().out)["passes"] if p["phase"] == "likelihood"]
+    assert len(names) == len(set(names)), names
+    assert any("ELBO of π_old" in n for n in names) and any("ELBO of μ" in n for n in names), names

@@ -86,7 +86,7 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
              data_path: str | None = None, limit: int | None = None, batch_size: int = 16, seed: int = 0,
              out_dir: str | os.PathLike | None = None, progress: bool = False, task_config: dict | None = None,
              meta: dict[str, Any] | None = None, family: str = "llada", protocol: str = "strict",
-             temperature: float = 0.0) -> dict[str, Any]:
+             temperature: float = 0.0, log_batches: bool = False) -> dict[str, Any]:
     """Greedy completions (or sampled at `temperature`) for every row of `task_name`'s `split`, scored with the task's
     reward.
 
@@ -128,8 +128,12 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
     t0 = time.perf_counter()
     batches = progress_bar(range(0, len(rows), batch_size), enabled=progress,
                            desc=f"eval {task_name} L={sampler.gen_length}", unit="batch")
+    n_batches = -(-len(rows) // batch_size)
     try:
-        for start in batches:
+        for i, start in enumerate(batches):
+            if log_batches and not progress:  # no bar (stderr not a tty): one line per batch instead
+                print(f"eval {task_name} L={sampler.gen_length}: batch {i + 1}/{n_batches} "
+                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             ids, mask = encode_prompts(tokenizer, prompts[start:start + batch_size], chat=task.use_chat_template,
                                        device=device, assistant_prefix=prefix)  # [b, P] left-padded
             generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + start)
@@ -343,14 +347,28 @@ def _load_dir(model_dir: Path, preset: Preset):
 
 def _verify_for_load(run: RunDir, ckpt: Path, hash_check: bool) -> None:
     """The checkpoint's manifest, for the files a load reads (model/ or adapter/; sizes of all): a mismatch is one
-    CheckpointCorrupt naming the file and the older checkpoints one could load instead."""
+    CheckpointCorrupt naming the file and the newest older checkpoint that verifies (checked as this one, as
+    `--resume` does), or saying that none does."""
     from dllm_ais.train.run_dir import CheckpointCorrupt, RunDir  # noqa: F811
 
+    def verify(path: Path) -> None:
+        RunDir.verify(path, hash_check, hash_only=("model/", "adapter/"))
+
     try:
-        RunDir.verify(ckpt, hash_check, hash_only=("model/", "adapter/"))
+        verify(ckpt)
     except CheckpointCorrupt as e:
         older = [p for p in run.step_dirs() if int(p.name[5:]) < int(ckpt.name[5:])] if ckpt.name[5:].isdigit() else []
-        hint = f" An older checkpoint to try: --model {older[0]}." if older else ""
+        hint = ""
+        for path in older:
+            try:
+                verify(path)
+                hint = f" An older checkpoint to try: --model {path} (it verifies)."
+                break
+            except CheckpointCorrupt:
+                continue
+        else:
+            if older:
+                hint = f" No older checkpoint verifies either ({', '.join(p.name for p in older)} checked)."
         raise CheckpointCorrupt(f"{e}{hint} Restore the file, or retrain.") from None
 
 
@@ -466,8 +484,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                              "Default: the preset's length")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per sampler batch (default 16)")
     parser.add_argument("--out", default=None, help="output directory: one <task>-<split>-gen<L>/ per length with "
-                        "generations.jsonl and scores.json (default evals/<task>-<protocol>-<time>; with "
-                        "--score-file nothing is written unless --out is given)")
+                        "generations.jsonl and scores.json (default <run>/evals/<task>-<protocol>-<time> for a run's "
+                        "model, else ./evals/…; with --score-file nothing is written unless --out is given)")
     parser.add_argument("--seed", type=int, default=0, help="seed of procedural test sets and sampler noise")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the preset's)")
     parser.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16 (default: preset's)")
@@ -486,6 +504,19 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--score-file", action="append", default=None, metavar="FILE",
                         help="rescore saved generations without a model (d1's *_generations.json or our "
                              "generations.jsonl; repeatable, pooled); needs --task")
+
+
+def default_eval_dir(run: str | None, model: str | None) -> Path:
+    """Where `eval` writes without --out: the run's own evals/ (for --run, or --model <run>/checkpoints/step-N or
+    <run>/sft), else ./evals/."""
+    if run is not None:
+        return Path(run) / "evals"
+    if model is not None:
+        path = Path(model).expanduser()
+        for parent in (path.parent.parent, path.parent):  # <run>/checkpoints/step-N, <run>/sft
+            if (parent / "config.json").is_file() and (parent / "checkpoints").is_dir():
+                return parent / "evals"
+    return Path("evals")
 
 
 def _check_out_dir(out: str | None) -> None:
@@ -519,7 +550,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     task = args.task or preset.train.task
     task_config = preset.train.task_config if task == preset.train.task else None
     check_protocol(args.protocol, task)
-    out_root = args.out or f"evals/{task}-{args.protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_root = args.out or str(default_eval_dir(args.run, args.model) / f"{task}-{args.protocol}-"
+                                                                     f"{time.strftime('%Y%m%d-%H%M%S')}")
     lengths = parse_gen_lengths(args.gen_length) or [None]
     if args.protocol == "d1":  # d1's sampler for every model, the tiny one included
         samplers = [d1_sampler(L or preset.sampler.gen_length) for L in lengths]
@@ -532,11 +564,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for sampler in samplers:
         tag = "-d1" if args.protocol == "d1" else ""
         out = Path(out_root) / f"{task}-{args.split}{tag}-gen{sampler.gen_length}"
+        print(f"eval: {loaded.source} on {task}/{args.split} at gen_length {sampler.gen_length}"
+              f"{'' if args.limit is None else f' (first {args.limit} rows)'}, writing {out}", file=sys.stderr,
+              flush=True)
         results.append(evaluate(loaded.model, loaded.tokenizer, task, sampler, split=args.split,
                                 data_path=args.data_path, limit=args.limit, batch_size=args.batch_size,
                                 seed=args.seed, out_dir=out, progress=args.progress or sys.stderr.isatty(),
                                 task_config=task_config, meta={"model": loaded.source, "preset": preset.name},
-                                family=preset.model.family, protocol=args.protocol))
+                                family=preset.model.family, protocol=args.protocol, log_batches=True))
     print(f"model: {loaded.source}")
     print(f"{'task':<12} {'split':<6} {'gen_length':>10} {'n':>6} {'accuracy':>9}")
     for r in results:

@@ -21,8 +21,13 @@ where the last two factors are the *selection term* computed here, one per rule:
 
 P(c_i(X_i) < b) = Σ_x q_i(x) 1[p_i(x) < b] is differentiable in the logits through q (the indicator is piecewise
 constant): the selection term's gradient is the one of the exact path probability wherever it is differentiable.
-An event of probability 0 (a committed token below the threshold beside others above it) is reported as
-`LOG_ZERO`, a finite floor, so that ratios of two models stay finite (the ratio is then ≈ 0, with no gradient).
+An event of probability 0 — a committed token below the threshold beside others above it, a step of the fixed
+schedule that commits another number of tokens than `transfer_schedule` gives it (top-k's k is the schedule's, not
+the step's own count) — has the log-probability `impossible`: −inf for the exact law (`trajectory.path_logprob`),
+`LOG_ZERO` (a finite floor, the default) for the training likelihoods. The floor is deliberate there: θ and π_old
+(or π_old and μ) may both find a sampled path impossible (a quantised rollout's confidence crossing τ), and
+−inf − (−inf) is NaN in a ratio; with the floor the ratio of two impossible terms is 1 with no gradient, and one
+impossible term against a possible one gives ℓ ≤ −30 + O(1), which the correction's log_w_clamp bounds.
 """
 
 from __future__ import annotations
@@ -76,18 +81,32 @@ def _mass_below(log_q: torch.Tensor, p: torch.Tensor, bound: torch.Tensor, tie_o
     return torch.where(below, log_q.exp(), 0.0).sum(-1)
 
 
-def _log_floor(x: torch.Tensor) -> torch.Tensor:
-    """log x with LOG_ZERO for x <= e^LOG_ZERO (no gradient there)."""
-    return torch.where(x > math.exp(LOG_ZERO), x.clamp_min(math.exp(LOG_ZERO)).log(), torch.full_like(x, LOG_ZERO))
+def transfer_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """Tokens to commit per step: num_masked [B] -> [B, steps], rows summing to num_masked (remainder first). The
+    fixed schedule of samplers/diffusion.py (LLaDA's `get_num_transfer_tokens`)."""
+    base = num_masked // steps  # [B]
+    rem = num_masked % steps  # [B]
+    extra = torch.arange(steps, device=num_masked.device)[None, :] < rem[:, None]  # [B, steps]
+    return base[:, None] + extra.long()
+
+
+def _log_floor(x: torch.Tensor, impossible: float = LOG_ZERO) -> torch.Tensor:
+    """log x; `impossible` where x <= e^LOG_ZERO (LOG_ZERO, the floor) or x == 0 (impossible = −inf): no gradient
+    there."""
+    edge = math.exp(LOG_ZERO) if impossible == LOG_ZERO else 0.0
+    tiny = max(edge, torch.finfo(torch.float64).tiny)
+    return torch.where(x > edge, x.clamp_min(tiny).log(), torch.full_like(x, impossible))
 
 
 def confidence_selection_logprob(log_q: torch.Tensor, p: torch.Tensor, masked: torch.Tensor, commit: torch.Tensor,
-                                 tokens: torch.Tensor, rule: SelectionRule) -> torch.Tensor:
+                                 tokens: torch.Tensor, rule: SelectionRule, expected: torch.Tensor | None = None,
+                                 impossible: float = LOG_ZERO) -> torch.Tensor:
     """Low-confidence remasking: the selection log-term of each row's step (module docstring).
 
     log_q, p [n, Lb, V] (`proposal_and_confidence`), masked [n, Lb] bool (masked before the step), commit [n, Lb]
-    bool (committed at the step, ⊆ masked), tokens [n, Lb] long (the committed tokens; anything elsewhere) -> [n]
-    float64; 0 for a row that committed nothing.
+    bool (committed at the step, ⊆ masked), tokens [n, Lb] long (the committed tokens; anything elsewhere),
+    expected [n] long: the fixed schedule's k of the step (None = take k from `commit`; unused with a threshold)
+    -> [n] float64; 0 for a row that committed nothing, `impossible` for an event of probability 0.
     """
     n, Lb = masked.shape
     conf = p.gather(-1, tokens.clamp_min(0)[..., None]).squeeze(-1)  # [n, Lb] confidence of each committed token
@@ -107,11 +126,13 @@ def confidence_selection_logprob(log_q: torch.Tensor, p: torch.Tensor, masked: t
         bound = torch.where(top_n, c_min, torch.full_like(c_min, tau))
         tie_ok = tie_after_min & top_n[:, None]
         feasible = all_above | forced
+    elif expected is not None:
+        feasible = count == expected
     uncommitted = masked & ~commit  # [n, Lb]
     below = _mass_below(log_q, p, bound, tie_ok)  # [n, Lb]
-    terms = torch.where(uncommitted, _log_floor(below), 0.0).sum(-1)  # [n]
-    terms = torch.where(feasible, terms, torch.full_like(terms, LOG_ZERO))
-    return torch.where(count > 0, terms, 0.0)
+    terms = torch.where(uncommitted, _log_floor(below, impossible), 0.0).sum(-1)  # [n]
+    terms = torch.where(feasible, terms, torch.full_like(terms, impossible))
+    return torch.where(count > 0, terms, torch.where(feasible, 0.0, impossible))
 
 
 def _log_comb(n: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -130,12 +151,15 @@ def _capped_uniform_log_prob(m: int, cap: int, tau: float) -> float:
     return math.log(max(cap * total, math.exp(LOG_ZERO)))
 
 
-def random_selection_logprob(masked: torch.Tensor, commit: torch.Tensor, rule: SelectionRule) -> torch.Tensor:
-    """Random remasking: the model-free selection log-term per row (module docstring). masked, commit [n, Lb] bool
-    -> [n] float64; 0 for a row that committed nothing."""
+def random_selection_logprob(masked: torch.Tensor, commit: torch.Tensor, rule: SelectionRule,
+                             expected: torch.Tensor | None = None, impossible: float = LOG_ZERO) -> torch.Tensor:
+    """Random remasking: the model-free selection log-term per row (module docstring). masked, commit [n, Lb] bool,
+    expected [n] (the fixed schedule's k; None = the step's count) -> [n] float64; 0 for a row that committed
+    nothing, `impossible` for a count the schedule does not allow."""
     m, c = masked.sum(-1), commit.sum(-1)  # [n]
     if rule.threshold is None:
-        out = -_log_comb(m, c)
+        ok = c == expected if expected is not None else torch.ones_like(c, dtype=torch.bool)  # [n]
+        return torch.where(ok, torch.where(c > 0, -_log_comb(m, c), 0.0), impossible)
     else:
         tau, cap = rule.threshold, rule.max_commit
         vals = []
@@ -154,10 +178,12 @@ def random_selection_logprob(masked: torch.Tensor, commit: torch.Tensor, rule: S
 
 
 def selection_logprob(logits: torch.Tensor | None, masked: torch.Tensor, commit: torch.Tensor, tokens: torch.Tensor,
-                      rule: SelectionRule) -> torch.Tensor:
+                      rule: SelectionRule, expected: torch.Tensor | None = None,
+                      impossible: float = LOG_ZERO) -> torch.Tensor:
     """The selection log-term of one step per row: logits [n, Lb, V] (unused, may be None, under random remasking),
-    masked / commit [n, Lb] bool, tokens [n, Lb] long -> [n] float64."""
+    masked / commit [n, Lb] bool, tokens [n, Lb] long, expected [n] long (the fixed schedule's k at the step; None:
+    the step's own count) -> [n] float64; `impossible` (LOG_ZERO or −inf) for an event of probability 0."""
     if rule.remasking == "random":
-        return random_selection_logprob(masked, commit, rule)
+        return random_selection_logprob(masked, commit, rule, expected, impossible)
     log_q, p = proposal_and_confidence(logits, rule)
-    return confidence_selection_logprob(log_q, p, masked, commit, tokens, rule)
+    return confidence_selection_logprob(log_q, p, masked, commit, tokens, rule, expected, impossible)

@@ -34,7 +34,7 @@ from dllm_ais.config import SamplerConfig
 from dllm_ais.likelihood.inputs import mask_token_id_of
 from dllm_ais.likelihood.logprobs import proposal_logprobs
 from dllm_ais.likelihood.replay import canvases, step_blocks, step_logits
-from dllm_ais.likelihood.selection import SelectionRule, selection_logprob
+from dllm_ais.likelihood.selection import LOG_ZERO, SelectionRule, selection_logprob, transfer_schedule
 from dllm_ais.types import Rollout
 
 
@@ -203,10 +203,25 @@ def _check_temperature(temperature: float) -> None:
                          "sample at T > 0 (or use --mismatch-estimator elbo / --policy-logprob one_step).")
 
 
+def scheduled_count(cs: torch.Tensor, steps: torch.Tensor, config: SamplerConfig) -> torch.Tensor:
+    """The fixed schedule's k at each replayed step: cs [n, Lb] commit steps of the step's block, steps [n] -> [n]
+    long. A step is the block's r-th step with a commit (r = its distinct earlier commit steps in the block: the
+    schedule's zeros come last), so its k is transfer_schedule(Lb, S)[r]; −1 (no k fits) past the S-th."""
+    n, Lb = cs.shape
+    S = config.steps // config.num_blocks
+    srt = cs.sort(-1).values  # [n, Lb]
+    first = torch.ones_like(srt, dtype=torch.bool)
+    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    rank = (first & (srt >= 0) & (srt < steps[:, None])).sum(-1)  # [n]
+    k = transfer_schedule(torch.full((n,), Lb, device=cs.device), S)  # [n, S]
+    return torch.where(rank < S, k.gather(1, rank.clamp(max=S - 1)[:, None]).squeeze(1), -1)
+
+
 def _chunk_terms(model, rollout: Rollout, rows: torch.Tensor, steps: torch.Tensor, config: SamplerConfig,
-                 mask_token_id: int, selection: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 mask_token_id: int, selection: bool,
+                 impossible: float = LOG_ZERO) -> tuple[torch.Tensor, torch.Tensor]:
     """(token log q [n, Lb], each step's selection term [n]) of the (rows, steps) canvases: [n, Lb] over the step's
-    block, nonzero on the tokens committed at the step."""
+    block, nonzero on the tokens committed at the step. impossible: a probability-0 step's selection term."""
     Lb = config.block_length
     n = rows.numel()
     block, _ = step_blocks(rollout.commit_step, rows, steps, Lb)
@@ -226,18 +241,22 @@ def _chunk_terms(model, rollout: Rollout, rows: torch.Tensor, steps: torch.Tenso
     if not selection:
         return token, torch.zeros(n, dtype=torch.float64, device=lp.device)
     rule = SelectionRule.of(config, mask_token_id)
-    sel = selection_logprob(logits, masked.gather(1, offsets) & keep, committed, tokens, rule)  # [n]
+    expected = scheduled_count(cs, steps, config) if config.threshold is None else None
+    sel = selection_logprob(logits, masked.gather(1, offsets) & keep, committed, tokens, rule, expected,
+                            impossible)  # [n]
     return token, sel
 
 
 def replay_terms(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfig, *, mask_token_id: int,
-                 selection: bool = False, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 selection: bool = False, chunk_size: int | None = None,
+                 impossible: float = LOG_ZERO) -> tuple[torch.Tensor, torch.Tensor]:
     """Replay the plan's canvases under `model` with the sampler `config` (its cache and selection rule).
 
     -> (token [B, L]: log q(y_j | canvas_t(j)) of every token committed at a replayed step, float32 (float64 for a
     float64 model); step_select [B, L] float64: the selection term of each such token's step, repeated per token,
-    0 when `selection` is off). 0 elsewhere. Differentiable when grad is enabled (each chunk of `chunk_size`
-    canvases, default the rollout's batch size, is activation-checkpointed); a no-grad call runs plain forwards.
+    0 when `selection` is off; `impossible` for a step of probability 0, selection.py). 0 elsewhere. Differentiable
+    when grad is enabled (each chunk of `chunk_size` canvases, default the rollout's batch size, is
+    activation-checkpointed); a no-grad call runs plain forwards.
     """
     _check_temperature(config.temperature)
     B, L = rollout.completion_ids.shape
@@ -250,7 +269,7 @@ def replay_terms(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfi
     grad = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
     for s in range(0, plan.rows.numel(), size):
         rows, steps = plan.rows[s:s + size], plan.steps[s:s + size]  # [n]
-        args = (model, rollout, rows, steps, config, mask_token_id, selection)
+        args = (model, rollout, rows, steps, config, mask_token_id, selection, impossible)
         lp, sel = checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args)
         if token is None:
             token = torch.zeros(B, L, dtype=lp.dtype, device=device)
@@ -293,13 +312,16 @@ def path_logprob(model, rollout: Rollout, config: SamplerConfig, selection: bool
                  chunk_size: int | None = None) -> PathLogprob:
     """log P(path) of each rollout row under the sampler `config` with `model`'s logits: every committed token's
     proposal term plus, with `selection`, every step's selection term (module docstring). Every position counts
-    (stop tokens included). Differentiable when grad is enabled."""
+    (stop tokens included). A path the sampler cannot take (a step of the fixed schedule committing another number
+    of tokens, a threshold step whose confidences break the rule) has log P = −inf: this is the exact law, not a
+    training likelihood (those floor such a step at LOG_ZERO so a ratio of two models stays finite: selection.py).
+    Differentiable when grad is enabled."""
     mask_token_id = mask_token_id_of(model)
     B, L = rollout.completion_ids.shape
     everything = torch.ones(B, L, dtype=torch.bool, device=rollout.completion_ids.device)
     plan = replay_plan(rollout.commit_step, everything)
     token, select = replay_terms(model, rollout, plan, config, mask_token_id=mask_token_id, selection=selection,
-                                 chunk_size=chunk_size)
+                                 chunk_size=chunk_size, impossible=-torch.inf)
     token = token.double()
     committed = rollout.commit_step >= 0
     per_token = token + share_step_terms(select, rollout.commit_step, committed)  # [B, L]

@@ -165,8 +165,9 @@ def likelihood_passes(w: Workload) -> list[Pass]:
         rows = B * w.mismatch_draws
         calls = math.ceil(rows / ELBO_ROWS_PER_CALL)
         per_call = min(rows, ELBO_ROWS_PER_CALL)
-        for model in ("master", "rollout"):  # both ELBOs on the same draws; head: the masked positions (≤ L)
-            out.append(Pass("likelihood", f"mismatch ELBO ({w.mismatch_draws} draws)", model, calls, per_call, T, T, L))
+        for model, who in (("master", "π_old"), ("rollout", "μ")):  # same draws; head: the masked positions (≤ L)
+            out.append(Pass("likelihood", f"mismatch ELBO of {who} ({w.mismatch_draws} draws)", model, calls, per_call,
+                            T, T, L))
     elif w.mismatch == "trajectory":  # log μ was recorded by the sampler: only π_old replays
         replayed = w.trajectory_steps if w.trajectory_steps is not None else nfe(w)
         per_block = w.sampler_steps // (w.gen_length // w.block_length)
