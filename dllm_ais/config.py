@@ -14,7 +14,7 @@ CACHE_MODES = ("none", "prefix", "dual")
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
 POLICY_LOGPROBS = ("one_step", "trajectory")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-FAMILIES = ("llada", "qwen")
+FAMILIES = ("llada", "qwen", "dream")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
 """accelerate's experiment trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS), the names `report_to` takes."""
 
@@ -24,8 +24,9 @@ class ModelConfig:
     """Which model to load and how."""
 
     family: str = "llada"
-    """Model family: `llada` (masked diffusion, our LLaDAModelLM) or `qwen` (autoregressive Qwen2/Qwen3 through
-    transformers). Chooses the sampler, likelihoods and checkpoint format."""
+    """Model family: `llada` (masked diffusion, our LLaDAModelLM), `dream` (masked diffusion with shifted logits,
+    our DreamModel) or `qwen` (autoregressive Qwen2/Qwen3 through transformers). Chooses the sampler, likelihoods
+    and checkpoint format."""
     path: str | None = None
     """Local checkpoint directory (LLaDA: official layout; Qwen: save_pretrained layout) or hub id.
     None = the family's tiny built-in model."""

@@ -90,14 +90,11 @@ def _weight_files(path: Path) -> dict[str, list[str]]:
     raise CheckpointError(f"{path}: neither {SINGLE_NAME} nor {INDEX_NAME} found (only safetensors are loaded).")
 
 
-def load_llada(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
-               device: str | torch.device = "cpu") -> LLaDAModelLM:
-    """Load an official-layout LLaDA directory into LLaDAModelLM (eval mode), checking every tensor."""
-    path = Path(path)
-    config = read_llada_config(path)
-    with torch.device("meta"):
-        model = LLaDAModelLM(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+def read_checked_state(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype,
+                       device: str | torch.device, what: str,
+                       optional: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's safetensors, checked by name and shape against `expected` before any is
+    returned; names in `optional` may be absent (e.g. a tied LM head). `what` names the model in messages."""
     state: dict[str, torch.Tensor] = {}
     for fname, names in _weight_files(path).items():
         fpath = path / fname
@@ -110,17 +107,28 @@ def load_llada(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
                     raise CheckpointError(f"{fpath}: tensor {name!r} listed in the index is not in the file.")
             for name in sorted(keys):
                 if name not in expected:
-                    raise CheckpointError(f"{fpath}: unexpected tensor {name!r} for a LLaDA model with "
-                                          f"{config.n_layers} layers.")
+                    raise CheckpointError(f"{fpath}: unexpected tensor {name!r} for {what}.")
                 shape = tuple(f.get_slice(name).get_shape())
                 if shape != expected[name]:
                     raise CheckpointError(f"{fpath}: tensor {name!r} has shape {shape}, config.json implies "
                                           f"{expected[name]}.")
                 state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    missing = sorted(set(expected) - set(state))
+    missing = sorted(set(expected) - set(state) - optional)
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise CheckpointError(f"{path}: missing tensor(s) {', '.join(missing[:3])}{more}.")
+    return state
+
+
+def load_llada(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
+               device: str | torch.device = "cpu") -> LLaDAModelLM:
+    """Load an official-layout LLaDA directory into LLaDAModelLM (eval mode), checking every tensor."""
+    path = Path(path)
+    config = read_llada_config(path)
+    with torch.device("meta"):
+        model = LLaDAModelLM(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state = read_checked_state(path, expected, dtype, device, f"a LLaDA model with {config.n_layers} layers")
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 
@@ -138,9 +146,10 @@ def _shards(state: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[s
     return shards
 
 
-def save_llada(model: LLaDAModelLM, path: str | os.PathLike, tokenizer=None,
+def save_llada(model, path: str | os.PathLike, tokenizer=None,
                source_dir: str | os.PathLike | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
-    """Write `model` to `path` in the official layout, atomically (an existing `path` is replaced only at the end).
+    """Write `model` (LLaDA or Dream) to `path` in the official layout, atomically (an existing `path` is replaced
+    only at the end).
 
     `tokenizer` (if given) is saved beside the weights; `source_dir` is an official directory whose remaining files
     (remote-code .py, tokenizer and generation configs) are copied so the output opens wherever the input did.
@@ -153,9 +162,12 @@ def save_llada(model: LLaDAModelLM, path: str | os.PathLike, tokenizer=None,
                     shutil.copy2(f, tmp / f.name)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        model.config.architectures = ["LLaDAModelLM"]
+        model.config.architectures = [getattr(model, "hub_architecture", "LLaDAModelLM")]
         model.config.to_json_file(str(tmp / "config.json"))
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        if getattr(model.config, "tie_word_embeddings", False):  # the head is the embedding: stored once
+            for key in getattr(model, "_tied_weights_keys", None) or ():
+                state.pop(key, None)
         shards = _shards(state, max_shard_bytes)
         if len(shards) == 1:
             save_file(shards[0], str(tmp / SINGLE_NAME), metadata={"format": "pt"})

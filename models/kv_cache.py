@@ -39,10 +39,11 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model, batch: int, length: int) -> KVCache:
-        """A cache sized for `model` (LLaDAModelLM or FusedLLaDA: its config and embedding dtype/device)."""
+        """A cache sized for `model` (LLaDAModelLM, FusedLLaDA or DreamModel: its config and embedding
+        dtype/device); it holds the key/value heads (n_kv_heads: fewer than n_heads for Dream's GQA)."""
         config, weight = model.config, model.get_input_embeddings().weight
-        return cls.allocate(config.n_layers, batch, config.n_heads, length, config.head_dim, weight.device,
-                            weight.dtype)
+        heads = getattr(config, "n_kv_heads", None) or config.n_heads
+        return cls.allocate(config.n_layers, batch, heads, length, config.head_dim, weight.device, weight.dtype)
 
     @property
     def length(self) -> int:

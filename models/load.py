@@ -1,7 +1,9 @@
-"""Build a (model, tokenizer) pair from a ModelConfig: the tiny built-in model or a LLaDA checkpoint directory."""
+"""Build a (model, tokenizer) pair from a ModelConfig: a family's tiny built-in model or a checkpoint directory;
+`detect_family` reads which family a checkpoint directory holds from its config.json."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -10,7 +12,7 @@ from dllm_ais.config import ModelConfig
 
 from .checkpoint import load_llada
 from .llada import LLaDAModelLM
-from .tiny import tiny_model, tiny_tokenizer
+from .tiny import tiny_dream_model, tiny_model, tiny_tokenizer
 
 
 def resolve_checkpoint_dir(path: str) -> Path:
@@ -30,13 +32,49 @@ def resolve_checkpoint_dir(path: str) -> Path:
                                 "Download the checkpoint once and pass its directory with --model DIR.") from e
 
 
+FAMILY_OF_MODEL_TYPE = {"llada": "llada", "Dream": "dream", "dream": "dream", "qwen2": "qwen", "qwen3": "qwen"}
+"""config.json `model_type` -> family (LLaDA's remote code says "llada", Dream's "Dream")."""
+FAMILY_OF_ARCHITECTURE = {"LLaDAModelLM": "llada", "DreamModel": "dream", "Qwen2ForCausalLM": "qwen",
+                          "Qwen3ForCausalLM": "qwen"}
+"""config.json `architectures[0]` -> family, used when `model_type` is missing or unknown."""
+
+
+def detect_family(directory: str | Path) -> str:
+    """The model family ("llada", "dream", "qwen") of a checkpoint directory, from config.json's `model_type`, then
+    `architectures`; an unknown one is refused in one line."""
+    cfg_file = Path(directory) / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{cfg_file} not found: --model must be a checkpoint directory with a config.json.")
+    data = json.loads(cfg_file.read_text())
+    model_type, archs = data.get("model_type"), data.get("architectures") or []
+    family = FAMILY_OF_MODEL_TYPE.get(model_type) or next(
+        (FAMILY_OF_ARCHITECTURE[a] for a in archs if a in FAMILY_OF_ARCHITECTURE), None)
+    if family is None:
+        raise ValueError(f"{cfg_file}: unknown model family (model_type {model_type!r}, architectures {archs}); "
+                         f"supported model_type: {', '.join(sorted(set(FAMILY_OF_MODEL_TYPE)))}.")
+    return family
+
+
 def load_model_and_tokenizer(cfg: ModelConfig) -> tuple[LLaDAModelLM, object]:
-    """The BF16 (or cfg.dtype) model on cfg.device in eval mode, and its tokenizer (left padding)."""
+    """The BF16 (or cfg.dtype) model on cfg.device in eval mode, and its tokenizer (left padding): LLaDA for
+    family "llada", Dream for family "dream" (its tiny built-in model when cfg.path is None). A checkpoint whose
+    config.json names another family than cfg.family is refused in one line."""
     dtype = getattr(torch, cfg.dtype)
     if cfg.path is None:
+        if cfg.family == "dream":
+            return tiny_dream_model(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_tokenizer()
         return tiny_model(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_tokenizer()
     ckpt = resolve_checkpoint_dir(cfg.path)
-    model = load_llada(ckpt, dtype=dtype, device=cfg.device)
+    found = detect_family(ckpt)
+    if found != cfg.family:
+        raise ValueError(f"--model {cfg.path}: config.json holds a {found!r} model but the preset's family is "
+                         f"{cfg.family!r}; pick a {found} preset.")
+    if found == "dream":
+        from .dream_checkpoint import load_dream
+
+        model = load_dream(ckpt, dtype=dtype, device=cfg.device)
+    else:
+        model = load_llada(ckpt, dtype=dtype, device=cfg.device)
     tokenizer = load_tokenizer(ckpt, model.config)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
@@ -57,6 +95,8 @@ def load_tokenizer(directory: str | Path, config=None):
 
 EOT_TOKEN = "<|eot_id|>"
 """LLaDA's end-of-turn token; its id is looked up in the tokenizer when config.json has no eot_token_id."""
+EOT_TOKENS = (EOT_TOKEN, "<|im_end|>")
+"""End-of-turn tokens looked up in this order: LLaDA's, then Qwen's chat template's (Dream-7B's)."""
 
 
 def fill_token_ids_from_tokenizer(config, tokenizer) -> None:
@@ -67,7 +107,8 @@ def fill_token_ids_from_tokenizer(config, tokenizer) -> None:
         bos = getattr(tokenizer, "bos_token_id", None)
         config.bos_token_id = bos if isinstance(bos, int) and 0 <= bos < size else None
     if getattr(config, "eot_token_id", None) is None:
-        eot = tokenizer.get_vocab().get(EOT_TOKEN)
+        vocab = tokenizer.get_vocab()
+        eot = next((vocab[t] for t in EOT_TOKENS if t in vocab), None)
         config.eot_token_id = eot if isinstance(eot, int) and 0 <= eot < size else None
 
 

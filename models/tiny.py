@@ -95,3 +95,42 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -
     model = model.to_empty(device="cpu")
     init_weights(model, torch.Generator().manual_seed(seed))
     return model.to(dtype).eval()
+
+
+def tiny_dream_config(**overrides):
+    """A 2-layer, hidden 64 Dream (4 query heads, 2 KV heads, q/k/v biases; about 0.1M parameters) matching
+    `tiny_tokenizer()`'s ids (mask 4, pad = EOS 1, as Dream-7B has pad = EOS)."""
+    from .dream import DreamConfig
+
+    vocab = tiny_vocab()
+    fields = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, mask_token_id=vocab[MASK], eos_token_id=vocab[PAD_EOS],
+        pad_token_id=vocab[PAD_EOS], bos_token_id=vocab[BOS],
+    )
+    fields.update(overrides)
+    return DreamConfig(**fields)
+
+
+def tiny_dream_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
+    """A tiny DreamModel with weights (and q/k/v biases, so they matter) drawn from
+    `torch.Generator().manual_seed(seed)`; its `config.eot_token_id` is the tokenizer's <|eot_id|>."""
+    from .dream import DreamModel, DreamRMSNorm
+
+    with torch.device("meta"):
+        model = DreamModel(tiny_dream_config(**overrides))
+    model = model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.copy_(torch.empty(module.weight.shape).normal_(0.0, 0.02, generator=gen))
+                if getattr(module, "bias", None) is not None:
+                    module.bias.copy_(torch.empty(module.bias.shape).normal_(0.0, 0.02, generator=gen))
+            elif isinstance(module, DreamRMSNorm):
+                module.weight.fill_(1.0)
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.config.eot_token_id = tiny_vocab()[EOT]
+    return model.to(dtype).eval()
