@@ -252,7 +252,7 @@ class Preset:
         if self.correction.train_forward == "aligned" and self.train.rollout_precision != "fp8":
             raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
                              "it needs --rollout-precision fp8 (or use --train-forward bf16).")
-        if self.model.family == "llada":
+        if self.model.family in ("llada", "dream"):  # the diffusion families
             self._check_mismatch_estimator()
             self._check_policy_logprob()
         if self.grpo.max_completion_length < self.sampler.gen_length:
@@ -319,6 +319,14 @@ def _d1(name: str, task: str, description: str) -> Preset:
         GRPOConfig(num_generations=6, scale_rewards="none", epsilon=0.5, beta=0.04, loss_type="grpo",
                    max_completion_length=256, num_iterations=12),
     )
+
+
+def _dream(name: str, task: str, description: str) -> Preset:
+    """Dream-v0-Instruct-7B with d1's RL settings and canvas (256 tokens, block 32, 128 steps) so its plan compares
+    with llada-8b-gsm8k's like for like; `dllm-ais plan` counts it (about 7.6 B parameters, GQA KV cache)."""
+    d1 = _d1(name, task, description)
+    return replace(d1, model=ModelConfig(family="dream", path="Dream-org/Dream-v0-Instruct-7B", dtype="bfloat16",
+                                         device="cuda"))
 
 
 def _qwen(name: str, task: str, description: str) -> Preset:
@@ -395,6 +403,8 @@ PRESETS: dict[str, Preset] = {
         _d1("llada-8b-math", "math500", "LLaDA-8B-Instruct AIS-GRPO on MATH, d1's settings (--data MATH train file)."),
         _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural), d1's settings."),
         _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
+        _dream("dream-7b-gsm8k", "gsm8k", "Dream-v0-Instruct-7B AIS-GRPO on GSM8K, d1's settings (dllm-ais plan; "
+               "training needs the Dream sampler)."),
         # tiny-qwen: was arith with 300 SFT steps (5.5 of 6.2 minutes in SFT, reward falling over the RL steps); now
         # tiny-cpu's recipe (digits shift, SFT 40 steps, β 0.04) at lr 1e-3, one seed measured (docs/cpu.md, Qwen).
         Preset("tiny-qwen", "Tiny autoregressive Qwen3 on CPU: SFT warm-up on digits, AIS-GRPO with FP8 rollouts.",

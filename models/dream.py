@@ -21,7 +21,6 @@ official code passes no mask and positions 0..T−1 — the same numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -353,10 +352,3 @@ def lora_target_regex(targets: tuple[str, ...] = LORA_TARGETS) -> str:
     """A peft `target_modules` regex matching the block linears only."""
     return rf".*\.layers\.\d+\.(self_attn|mlp)\.({'|'.join(targets)})"
 
-
-def load_dream(directory: str | Path, dtype: torch.dtype = torch.bfloat16,
-               device: str | torch.device = "cpu") -> DreamModel:
-    """A DreamModel from an official-layout directory (config.json + safetensors shards), no remote code."""
-    from .dream_checkpoint import load_dream as _load
-
-    return _load(directory, dtype=dtype, device=device)

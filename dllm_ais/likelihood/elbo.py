@@ -30,6 +30,7 @@ from dllm_ais.likelihood.inputs import (
 )
 from dllm_ais.likelihood.logprobs import token_logprobs
 from dllm_ais.likelihood.masks import MaskDraws, draw_masks
+from dllm_ais.models.shift import logits_view
 
 DEFAULT_BATCH_SIZE = 64
 """Forward rows per model call unless told otherwise; lower it for 8B models at long lengths."""
@@ -53,8 +54,10 @@ def masked_logprob_sums(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     """Σ_{j: mask} log p(y_j | masked input) per (sequence, draw) -> ([B, K] float32/64, rows run).
 
     model(input_ids [n, T], attention_mask [n, T], positions LongTensor [n, M]).logits -> [n, M, V] (LLaDA
-    signature, logits not shifted). mask [B, K, L] bool over the completion. Rows with an empty mask are skipped.
+    signature); a shifted-logit family (Dream) is read through `logits_view`, so position j is scored with the raw
+    logits of j − 1. mask [B, K, L] bool over the completion. Rows with an empty mask are skipped.
     """
+    model = logits_view(model)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1.")
     B, K, L = mask.shape

@@ -14,6 +14,7 @@ import torch
 
 from dllm_ais.likelihood.inputs import as_generator, check_sequences, mask_token_id_of, max_length_of
 from dllm_ais.likelihood.logprobs import token_logprobs
+from dllm_ais.models.shift import logits_view
 
 P_MASK_PROMPT = 0.15
 """d1's default probability of masking each prompt token."""
@@ -53,5 +54,5 @@ def one_step_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     prompt = torch.where(prompt_masked.bool() & prompt_mask.bool(), mid, prompt_ids)  # [B, P]
     x = torch.cat([prompt, torch.full_like(completion_ids, mid)], dim=1)  # [B, P + L]
     attn = torch.cat([prompt_mask.bool(), torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)  # [B, P + L]
-    logits = model(input_ids=x, attention_mask=attn, positions=slice(P, None)).logits  # [B, L, V]
+    logits = logits_view(model)(input_ids=x, attention_mask=attn, positions=slice(P, None)).logits  # [B, L, V]
     return token_logprobs(logits, completion_ids, chunk_size=chunk_size, temperature=temperature)  # [B, L]

@@ -54,7 +54,7 @@ class MemoryPlan:
     rollout_copy: float
     """The FP8 / FP4 rollout copy (0 for bf16 rollouts); FSDP keeps it whole on every GPU."""
     kv_cache: float
-    """Fast-dLLM K/V buffers [layers, B, H, canvas, head_dim] × 2, while rolling out."""
+    """Fast-dLLM K/V buffers [layers, B, H_kv, canvas, head_dim] × 2, while rolling out."""
     rollout_activations: float
     """Sampler: the largest forward working set or the float64 sampling tail, whichever is larger."""
     likelihood_activations: float
@@ -185,7 +185,7 @@ def predict_memory(shape: ModelShape, w: Workload, rollout_copy_bytes: int, fuse
     roll = [pass_bytes(shape, p, s, rollout_fused) for p in rollout_passes(w)]
     tail = w.rows * w.block_length * shape.vocab * sampling_tail_bytes(w.temperature, w.remasking, s, w.cfg)
     likelihood = [pass_bytes(shape, p, s, rollout_fused and p.model == "rollout") for p in likelihood_passes(w)]
-    kv = 0 if w.cache == "none" else 2 * shape.n_layers * w.rows * w.rollout_canvas * shape.d_model * s
+    kv = 0 if w.cache == "none" else 2 * shape.n_layers * w.rows * w.rollout_canvas * shape.kv_dim * s
     return MemoryPlan(
         master=P * pb / shard, fp32_master_copy=master_copy, lora=lora * 4 / shard, optimizer=trained * 8 / shard,
         gradients=gradients,

@@ -133,7 +133,7 @@ def _plan(preset, gpu: str, shape: ModelShape, w: Workload, device: str = "cuda"
     # the copy keeps embeddings, norms and LM head in the master's stored dtype (fp32 shards under FSDP)
     stored = {4: "float32", 8: "float64"}.get(w.param_bytes, preset.model.dtype)
     copy = rollout_copy_bytes(replace(preset.model, dtype=stored), w.rollout_precision, preset.train.fp8_backend)
-    memory = predict_memory(shape, w, copy, fused_copy=device == "cuda")
+    memory = predict_memory(shape, w, copy, fused_copy=device == "cuda" and shape.family == "llada")
     costs = [pass_cost(shape, p, w) for p in step_passes(w)]
     r = rates(gpu) if root is None else rates(gpu, root)
     return Plan(preset.name, gpu, shape, w, memory, tuple(costs), r, _seconds(shape, w, costs, r),

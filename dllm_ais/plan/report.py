@@ -108,7 +108,8 @@ def format_plan(plan: Plan, preset) -> str:
     lines = [
         f"dllm-ais plan: {plan.preset} on {w.gpus} × {GPUS[plan.gpu].name} ({setup}); figures per GPU",
         f"model  {sh.name}: {_count(sh.params_total)} parameters (d {sh.d_model}, {sh.n_layers} layers × "
-        f"{sh.n_heads} heads, MLP {sh.mlp_hidden}, vocab {sh.vocab}); {trained}",
+        f"{sh.n_heads} heads{f' ({sh.n_kv_heads} KV)' if sh.n_kv_heads not in (0, sh.n_heads) else ''}, MLP "
+        f"{sh.mlp_hidden}, vocab {sh.vocab}); {trained}",
         f"step   {w.rows} rows per GPU; prompt {w.prompt_len} tokens ({prompt}) + {w.gen_length} generated; "
         f"{w.sampler_steps} denoising steps over {blocks} blocks ({cache}); {w.num_iterations} update(s) × "
         f"{w.micro_batches} micro-batch(es); ℓ: {mismatch}; β = {w.beta}",

@@ -1,9 +1,11 @@
 """The model a plan is about, read from models built on the meta device (shapes and bytes, no weights, no download).
 
-`model_shape(ModelConfig)` builds the LLaDAModelLM of a preset on the meta device — the tiny built-in model, the
-config.json of a local checkpoint directory, or, for a hub id, the LLaDA-8B shape that `LLaDAConfig()`'s defaults
-ship (DESIGN.md §6) — and counts its parameters by part; `rollout_copy_bytes` builds the FP8 rollout copy
-(fp8/fused_llada.py's FusedLLaDA) on the meta device and adds up its parameter and buffer bytes. Everything else in
+`model_shape(ModelConfig)` builds the LLaDAModelLM (or, for family "dream", the DreamModel) of a preset on the meta
+device — the tiny built-in model, the config.json of a local checkpoint directory, or, for a hub id, the LLaDA-8B
+shape that `LLaDAConfig()`'s defaults ship (DESIGN.md §6; Dream: `DreamConfig()`'s, Dream-v0-Instruct-7B's) — and
+counts its parameters by part; `rollout_copy_bytes` builds the FP8 rollout copy (fp8/fused_llada.py's FusedLLaDA)
+on the meta device and adds up its parameter and buffer bytes (Dream's walker copy, fp8/quantize.py: counted from
+the layer shapes). Everything else in
 the plan is arithmetic on the returned `ModelShape` (pure functions: memory.py, flops.py).
 """
 
@@ -45,6 +47,15 @@ class ModelShape:
     """RMSNorm weights (two per block and ln_f)."""
     lora_in_out: int
     """Σ (in_features + out_features) over the block linears: LoRA of rank r adds r times this many parameters."""
+    n_kv_heads: int = 0
+    """Key/value heads (grouped-query attention: Dream has 4 for 28 query heads); 0 = n_heads."""
+    family: str = "llada"
+    """The model family counted ("llada" or "dream")."""
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys (and of the values) per token and layer: n_kv_heads · head_dim."""
+        return (self.n_kv_heads or self.n_heads) * self.head_dim
 
     @property
     def head_dim(self) -> int:
@@ -62,9 +73,11 @@ def llada_config(model_config):
 
     from dllm_ais.models.llada import LLaDAConfig
 
+    if model_config.family == "dream":
+        return dream_config(model_config)
     if model_config.family != "llada":
-        raise ValueError(f"dllm-ais plan models LLaDA (diffusion) presets; model family {model_config.family!r} is "
-                         "not modelled yet: pick a llada preset (e.g. --preset llada-8b-gsm8k).")
+        raise ValueError(f"dllm-ais plan models diffusion (LLaDA, Dream) presets; model family "
+                         f"{model_config.family!r} is not modelled yet: pick e.g. --preset llada-8b-gsm8k.")
     if model_config.path is None:
         from dllm_ais.models.tiny import tiny_config
 
@@ -77,14 +90,82 @@ def llada_config(model_config):
     return LLaDAConfig(), f"{model_config.path} = LLaDA-8B shape (LLaDAConfig defaults; not downloaded)"
 
 
+def dream_config(model_config):
+    """The DreamConfig of a Dream preset: tiny (path None), a local directory's config.json, or the Dream-7B shape of
+    DreamConfig()'s defaults for a hub id (nothing downloaded)."""
+    from pathlib import Path
+
+    from dllm_ais.models.dream import DreamConfig
+
+    if model_config.path is None:
+        from dllm_ais.models.tiny import tiny_dream_config
+
+        return tiny_dream_config(), "tiny built-in Dream"
+    local = Path(model_config.path).expanduser()
+    if local.is_dir():
+        from dllm_ais.models.dream_checkpoint import read_dream_config
+
+        return read_dream_config(local), f"{local} (config.json)"
+    return DreamConfig(), f"{model_config.path} = Dream-7B shape (DreamConfig defaults; not downloaded)"
+
+
+def _dream_shape(config, name: str) -> ModelShape:
+    import torch
+
+    from dllm_ais.models.dream import DreamModel
+
+    with torch.device("meta"):
+        model = DreamModel(config)
+    block_linears = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    norms = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
+    return ModelShape(
+        name=name, d_model=config.hidden_size, n_layers=config.num_hidden_layers, n_heads=config.num_attention_heads,
+        mlp_hidden=config.intermediate_size, vocab=config.vocab_size,
+        params_total=sum(p.numel() for p in model.parameters()),
+        params_block_linear=sum(m.weight.numel() for m in block_linears),
+        params_embedding=model.model.embed_tokens.weight.numel(),
+        params_head=0 if config.tie_word_embeddings else model.lm_head.weight.numel(),
+        params_norm=sum(p.numel() for p in norms),
+        lora_in_out=sum(m.in_features + m.out_features for m in block_linears),
+        n_kv_heads=config.num_key_value_heads, family="dream",
+    )
+
+
+def _dream_copy_bytes(config, precision: str, dtype, fp8_backend: str) -> int:
+    """Bytes of Dream's walker rollout copy: each block linear as FP8 codes + fp32 scales (128×128 blocks, or one
+    per row for scaled_mm) + a bf16 bias, or (fp4) dequantised fp32 weights + fp32 bias; the rest in `dtype`."""
+    import torch
+
+    from dllm_ais.models.dream import DreamModel
+
+    with torch.device("meta"):
+        model = DreamModel(config)
+    total, replaced = 0, 0
+    for layer in model.model.layers:
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                n, k = m.weight.shape
+                bias = 0 if m.bias is None else n
+                replaced += m.weight.numel() + bias
+                if precision == "fp4":
+                    total += 4 * (n * k + bias)
+                else:
+                    scales = n if fp8_backend == "scaled_mm" else -(-n // 128) * -(-k // 128)
+                    total += n * k + 4 * scales + 2 * bias
+    rest = sum(p.numel() for p in model.parameters()) - replaced
+    return total + rest * dtype.itemsize
+
+
 @lru_cache(maxsize=16)
 def model_shape(model_config) -> ModelShape:
-    """Count the parameters of the preset's LLaDA model built on the meta device."""
+    """Count the parameters of the preset's LLaDA (or Dream) model built on the meta device."""
     import torch
 
     from dllm_ais.models.llada import LLaDAModelLM
 
     config, name = llada_config(model_config)
+    if model_config.family == "dream":
+        return _dream_shape(config, name)
     with torch.device("meta"):
         model = LLaDAModelLM(config)
     t = model.model.transformer
@@ -116,6 +197,8 @@ def rollout_copy_bytes(model_config, precision: str, fp8_backend: str = "cublas"
         return 0
     config, _ = llada_config(model_config)
     dtype = getattr(torch, model_config.dtype)
+    if model_config.family == "dream":
+        return _dream_copy_bytes(config, precision, dtype, fp8_backend)
     if precision == "fp4":
         shape = model_shape(model_config)
         rest = shape.params_total - shape.params_block_linear

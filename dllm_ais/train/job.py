@@ -127,7 +127,7 @@ def _qwen_backend(sampler, model, tokenizer, train=None):
 def family(name: str) -> Family:
     from dllm_ais.models import checkpoint, llada, load, qwen
 
-    return {
+    families = {
         "llada": Family(load=load.load_model_and_tokenizer,
                         save=lambda m, tok, d: checkpoint.save_llada(m, d, tokenizer=tok),
                         load_dir=checkpoint.load_llada, lora_targets=llada.lora_target_regex,
@@ -136,7 +136,11 @@ def family(name: str) -> Family:
                        lora_targets=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"],
                        backend=_qwen_backend),
-    }[name]
+    }
+    if name not in families:
+        raise ValueError(f"model family {name!r} cannot be trained or sampled yet (its sampler backend is missing); "
+                         f"use one of {', '.join(families)}.")
+    return families[name]
 
 
 def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress: bool) -> Policy:
