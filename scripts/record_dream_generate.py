@@ -3,7 +3,8 @@
 Setup: the scratch folder of scripts/record_dream_fixture.py (SCRATCH/venv with torch 2.13.0, transformers 4.46.3,
 safetensors; SCRATCH/dream_hubpos = NVlabs/Fast-dLLM `dream/model/` with the hub's position_ids restored).
 Run: OMP_NUM_THREADS=1 SCRATCH/venv/bin/python scripts/record_dream_generate.py SCRATCH CKPT_DIR OUT_JSON
-(options: `--draws N`, default 20000; `--t0-only`: the T = 0 generations only).
+(options: `--draws N`, default 20000; `--t0-only`: the T = 0 generations only; `--batched-only`: no one-row-per-call
+threshold draws).
 
 - Uncached: generation_utils.DreamGenerationMixin.diffusion_generate (the hub `diffusion_generate`).
 - Cached: generation_utils_block (Fast-dLLM's), bound as Fast-dLLM's eval.py binds it.
@@ -170,9 +171,10 @@ G = [] if "--t0-only" in sys.argv else [
           temperature=1.5, top_p=0.7, top_k=3),
     draws("prefix-entropy-T1-top_k2", "prefix", 15, 4, DRAWS, gen_length=4, steps=4, alg="entropy",
           temperature=1.0, top_k=2, block_length=2),
-    draws("dual-threshold-T1-top_k2", "dual", 16, 4, DRAWS, sequential=True, gen_length=4, steps=4,
-          alg="confidence_threshold", temperature=1.0, top_k=2, block_length=2, threshold=0.55),
 ]
+if "--t0-only" not in sys.argv and "--batched-only" not in sys.argv:  # one row per call: slow (~0.1 s a call)
+    G.append(draws("dual-threshold-T1-top_k2", "dual", 16, 4, DRAWS, sequential=True, gen_length=4, steps=4,
+                   alg="confidence_threshold", temperature=1.0, top_k=2, block_length=2, threshold=0.55))
 sha = hashlib.sha256(open(f"{CKPT}/model.safetensors", "rb").read()).hexdigest()
 json.dump(dict(checkpoint_sha256=sha, torch=torch.__version__, transformers=__import__("transformers").__version__,
                generate=T0, draws=G), open(OUT, "w"), indent=1)
