@@ -1,0 +1,63 @@
+"""Shared helpers of the Dream sampler tests: a distinct-rows forward (test speed-up) and G-tests."""
+
+from __future__ import annotations
+
+import torch
+
+
+class UniqueRows(torch.nn.Module):
+    """Test speed-up for uncached draws: forwards each distinct canvas row once (rows are independent), so 20,000
+    draws from one prompt cost a forward per distinct partial canvas. Uncached forwards only."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask=None, positions=None, **kw):
+        assert kw.get("kv_cache") is None, "UniqueRows serves uncached forwards only"
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        both = torch.cat([input_ids, attention_mask.long()], 1)
+        uniq, inverse = torch.unique(both, dim=0, return_inverse=True)
+        T = input_ids.shape[1]
+        out = self.model(uniq[:, :T], uniq[:, T:].bool(), positions=positions).logits
+        return type("Out", (), {"logits": out[inverse]})()
+
+
+def _p_value(G: float, df: int) -> float:
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(G / 2, dtype=torch.float64)))
+
+
+def g_test(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, int, float]:
+    """(G, df, p) of observed counts against expected counts [K] (bins expecting < 5 pooled)."""
+    small = expected < 5
+    obs = torch.cat([observed[~small], observed[small].sum()[None]]).double()
+    exp = torch.cat([expected[~small], expected[small].sum()[None]]).double()
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    G = 2 * float(torch.where(obs > 0, obs * (obs / exp).log(), torch.zeros_like(obs)).sum())
+    return G, obs.numel() - 1, _p_value(G, obs.numel() - 1)
+
+
+def g_test_two_sample(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int, float]:
+    """(G, df, p) of the homogeneity of two count vectors [K] of equal totals (bins expecting < 5 pooled)."""
+    expected = (a + b).double() / 2
+    small = expected < 5
+    a = torch.cat([a[~small], a[small].sum()[None]]).double()
+    b = torch.cat([b[~small], b[small].sum()[None]]).double()
+    e = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = e > 0
+    a, b, e = a[keep], b[keep], e[keep]
+    term = lambda o: torch.where(o > 0, o * (o / e).log(), torch.zeros_like(o)).sum()  # noqa: E731
+    G = 2 * float(term(a) + term(b))
+    return G, a.numel() - 1, _p_value(G, a.numel() - 1)
+
+
+def completion_counts(completion: torch.Tensor) -> dict[str, int]:
+    """{'t1 t2 …': count} of the rows of completion [N, L]."""
+    out: dict[str, int] = {}
+    for row in completion.tolist():
+        key = " ".join(map(str, row))
+        out[key] = out.get(key, 0) + 1
+    return out

@@ -1,0 +1,198 @@
+"""Dream's sampler (samplers/dream.py) against Dream's official code: T = 0 generations of `diffusion_generate` and
+of Fast-dLLM's cached Dream generate (token for token, NFE for NFE) and ≥ 20,000 draws at T > 0 (two-sample G-test
+of the completions against the official code's frequencies), all recorded by the official code on the tiny official
+checkpoint tests/fixtures/dream_tiny/ (tests/fixtures/dream_generate.md says how); the schedule, the tie
+rule, the record and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from dream_helpers import UniqueRows, completion_counts, g_test_two_sample
+
+from dllm_ais.likelihood.dream_selection import DreamRule, proposal_logprob, scheduled_count
+from dllm_ais.models.dream_checkpoint import load_dream
+from dllm_ais.models.kv_cache import KVCache
+from dllm_ais.samplers.dream import DreamSamplerConfig, dream_sample
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CKPT = FIXTURES / "dream_tiny"
+RECORD = json.loads((FIXTURES / "dream_generate.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_dream(CKPT, dtype=torch.float32)
+
+
+def config_of(entry: dict) -> DreamSamplerConfig:
+    """The official call's kwargs as our config (Fast-dLLM's alg 'confidence_threshold' = maskgit_plus + τ)."""
+    s = dict(entry["settings"])
+    threshold = s.pop("threshold", None) if s.get("alg") == "confidence_threshold" else None
+    if s.get("alg") == "confidence_threshold":
+        s["alg"] = "maskgit_plus"
+    s.pop("threshold", None)
+    return DreamSamplerConfig(cache=entry["cache"], threshold=threshold, **s)
+
+
+@pytest.mark.parametrize("entry", RECORD["generate"], ids=lambda e: e["name"])
+def test_greedy_generation_equals_official(model, entry):
+    assert entry["ties"] == 0, "the fixture must be tie-free (torch.topk breaks ties arbitrarily)"
+    ids, mask = torch.tensor(entry["prompt_ids"]), torch.tensor(entry["prompt_mask"]).bool()
+    r = dream_sample(model, ids, mask, config_of(entry), model.mask_token_id, [model.config.eos_token_id])
+    assert r.completion_ids.tolist() == entry["completion"]
+    assert r.nfe == entry["nfe"] == r.num_steps
+    assert bool((r.commit_step >= 0).all()) and int(r.commit_step.max()) < r.nfe
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", RECORD["draws"], ids=lambda e: e["name"])
+def test_draws_match_official_frequencies(model, entry):
+    """20,000 of our draws against the official code's 20,000: the completions' laws are equal (G-test)."""
+    n = entry["draws"]
+    assert n >= 20_000
+    ids = torch.tensor(entry["prompt_ids"]).expand(n, -1)
+    sampler_model = model if entry["cache"] != "none" else UniqueRows(model)
+    r = dream_sample(sampler_model, ids, torch.ones_like(ids, dtype=torch.bool), config_of(entry), model.mask_token_id,
+                     [model.config.eos_token_id], generator=torch.Generator().manual_seed(123))
+    ours = completion_counts(r.completion_ids)
+    keys = sorted(set(ours) | set(entry["counts"]))
+    a = torch.tensor([ours.get(k, 0) for k in keys])
+    b = torch.tensor([entry["counts"].get(k, 0) for k in keys])
+    G, df, p = g_test_two_sample(a, b)
+    assert df >= 3, "the setting must have several outcomes"
+    assert p > 0.01, f"G={G:.1f} df={df} p={p:.4f}"
+
+
+def test_g_test_detects_a_wrong_law(model):
+    """The same test rejects a sampler with another temperature against the official maskgit_plus draws."""
+    entry = next(e for e in RECORD["draws"] if e["name"].startswith("maskgit_plus"))
+    wrong = dict(entry, settings=dict(entry["settings"], temperature=0.7))
+    n = 5_000
+    ids = torch.tensor(entry["prompt_ids"]).expand(n, -1)
+    r = dream_sample(UniqueRows(model), ids, torch.ones_like(ids, dtype=torch.bool), config_of(wrong),
+                     model.mask_token_id, [], generator=torch.Generator().manual_seed(0))
+    ours = completion_counts(r.completion_ids)
+    keys = sorted(set(ours) | set(entry["counts"]))
+    a = torch.tensor([ours.get(k, 0) for k in keys]) * (entry["draws"] // n)
+    b = torch.tensor([entry["counts"].get(k, 0) for k in keys])
+    assert g_test_two_sample(a, b)[2] < 1e-6
+
+
+def test_schedule_counts(model):
+    """steps = L: the first step commits nothing; step i commits int(L_masked · (1 − s/t)); the last the rest."""
+    L = 8
+    cfg = DreamSamplerConfig(gen_length=L, steps=L, alg="maskgit_plus")
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    r = dream_sample(model, ids, torch.ones_like(ids, dtype=torch.bool), cfg, model.mask_token_id, [])
+    per_step = torch.stack([(r.commit_step == t).sum(-1) for t in range(L)], dim=1)  # [B, L]
+    left, expected = L, []
+    for i in range(L):
+        k = scheduled_count(torch.ones(1, left, dtype=torch.bool), i, L, cfg.eps)
+        expected.append(k)
+        left -= k
+    assert expected[0] == 0 and sum(expected) == L
+    assert per_step.tolist() == [expected, expected]
+
+
+class FixedLogits(torch.nn.Module):
+    """A 'model' whose raw logits are a fixed table [T, V] (the same for every row and canvas)."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+
+    def forward(self, input_ids, attention_mask=None, positions=None, **_):
+        out = self.table.expand(input_ids.shape[0], -1, -1)
+        return type("Out", (), {"logits": out[:, positions] if positions is not None else out})()
+
+
+def test_exact_ties_go_to_the_lower_position():
+    """With top_p keeping one token everywhere every confidence is exactly 1: the lowest positions commit first."""
+    V, P, L = 6, 2, 6
+    table = torch.zeros(P + L, V)
+    table[:, 3] = 9.0  # one dominant token: top_p = 0.5 keeps it alone, p = 1 exactly
+    for alg in ("maskgit_plus", "topk_margin", "entropy"):
+        cfg = DreamSamplerConfig(gen_length=L, steps=3, alg=alg, top_p=0.5)
+        r = dream_sample(FixedLogits(table), torch.tensor([[1, 2]]), torch.ones(1, 2, dtype=torch.bool), cfg,
+                         mask_token_id=5, stop_token_ids=[])
+        steps = r.commit_step[0].tolist()
+        assert steps == sorted(steps), (alg, steps)  # position order = commit order
+        assert r.completion_ids.eq(3).all()
+
+
+def test_record_matches_replay(model):
+    """logp_rollout = log q of the filtered proposal on the canvas each token was committed from; the mask id is
+    never proposed; commit_confidence is q of the drawn token."""
+    cfg = DreamSamplerConfig(gen_length=6, steps=3, alg="maskgit_plus", temperature=1.0, top_p=0.9, top_k=10)
+    ids = torch.tensor([[3, 7, 9, 11], [91, 91, 12, 13]])
+    mask = ids != 91
+    r = dream_sample(model, ids, mask, cfg, model.mask_token_id, [], generator=torch.Generator().manual_seed(0))
+    assert not bool((r.completion_ids == model.mask_token_id).any())
+    rule = DreamRule.of(cfg, model.mask_token_id)
+    P = ids.shape[1]
+    for t in range(cfg.steps):
+        done = (r.commit_step < t) & (r.commit_step >= 0)
+        canvas = torch.cat([ids, torch.where(done, r.completion_ids, model.mask_token_id)], 1)
+        attn = torch.cat([mask, torch.ones_like(done)], 1)
+        logits = model(canvas, attn, positions=slice(P - 1, P + cfg.gen_length - 1)).logits
+        lp = proposal_logprob(logits, r.completion_ids, rule).float()
+        hit = r.commit_step == t
+        torch.testing.assert_close(r.logp_rollout[hit], lp[hit], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r.commit_confidence[hit], lp[hit].exp(), rtol=1e-5, atol=1e-6)
+
+
+def _one_line(err) -> None:
+    assert "\n" not in str(err.value) and str(err.value)
+
+
+def test_bad_input_refused_in_one_line(model):
+    with pytest.raises(ValueError) as e:
+        DreamSamplerConfig(alg="low_confidence")
+    _one_line(e)
+    assert "alg" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        DreamSamplerConfig(alg_temp=-0.1)
+    _one_line(e)
+    with pytest.raises(ValueError) as e:
+        DreamSamplerConfig(threshold=0.9)  # threshold is Fast-dLLM's cached generate
+    _one_line(e)
+    with pytest.raises(ValueError) as e:
+        DreamSamplerConfig(gen_length=8, steps=4, cache="dual", block_length=4, alg="origin")
+    _one_line(e)
+    with pytest.raises(ValueError) as e:
+        DreamSamplerConfig(gen_length=8, steps=2, cache="prefix", block_length=4)  # one step per block
+    _one_line(e)
+    cfg = DreamSamplerConfig(gen_length=8, steps=4, cache="dual", block_length=4)
+    ids = torch.tensor([[5, 6], [7, 8], [9, 10]])
+    small = KVCache.for_model(model, 2, ids.shape[1] + 8)  # a cache for 2 rows, 3 asked
+    with pytest.raises(ValueError) as e:
+        dream_sample(model, ids, torch.ones_like(ids, dtype=torch.bool), cfg, model.mask_token_id, [],
+                     kv_cache=small)
+    _one_line(e)
+    assert "cache" in str(e.value)
+
+
+@pytest.mark.parametrize("cache,threshold", [("none", None), ("prefix", None), ("dual", None), ("dual", 0.4)])
+def test_left_padding_changes_nothing(model, cache, threshold):
+    """A left-padded batch generates what each row generates alone, unpadded, cached windows included (Fast-dLLM's
+    cached windows mis-slice the 4-D mask under padding; ours attend over the padded canvas correctly)."""
+    alg = "maskgit_plus" if threshold is not None else "entropy"
+    block = 4 if cache != "none" else None
+    cfg = DreamSamplerConfig(gen_length=8, steps=4, alg=alg, cache=cache, block_length=block, threshold=threshold,
+                             top_k=3)
+    rows = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33]]
+    P = max(map(len, rows))
+    pad = model.config.pad_token_id
+    ids = torch.tensor([[pad] * (P - len(r)) + r for r in rows])
+    mask = ids != pad
+    batch = dream_sample(model, ids, mask, cfg, model.mask_token_id, [])
+    for b, r in enumerate(rows):
+        alone = dream_sample(model, torch.tensor([r]), torch.ones(1, len(r), dtype=torch.bool), cfg,
+                             model.mask_token_id, [])
+        assert batch.completion_ids[b].tolist() == alone.completion_ids[0].tolist()
+        if threshold is None:  # the fixed schedule: the same steps too (threshold rows wait for each other)
+            assert batch.commit_step[b].tolist() == alone.commit_step[0].tolist()
