@@ -80,6 +80,18 @@ class TimedBackend:
         return getattr(self.inner, name)
 
 
+def timed_train_step(trainer, timed: TimedBackend, device: torch.device) -> tuple[dict, float]:
+    """One Trainer.train_step with `timed`'s stage clocks reset first: (its metrics row, its synchronised seconds)."""
+    timed.times.clear()
+    bench_env.sync(device)
+    t0 = time.perf_counter()
+    row = trainer.train_step()
+    bench_env.sync(device)
+    step_s = time.perf_counter() - t0
+    trainer.step += 1
+    return row, step_s
+
+
 def _random_llada_fn():
     """scripts/bench_rollout.py's random_llada (a sibling script, not a package module)."""
     spec = importlib.util.spec_from_file_location("bench_rollout", REPO / "scripts" / "bench_rollout.py")
@@ -163,13 +175,7 @@ def measure(master, tokenizer, args, device: torch.device, precision: str, backe
     samples: dict[str, list[float]] = defaultdict(list)
     with bench_env.cuda_memory(device) as memory:
         for i in range(args.warmup + args.rl_steps):
-            timed.times.clear()
-            bench_env.sync(device)
-            t0 = time.perf_counter()
-            row = trainer.train_step()
-            bench_env.sync(device)
-            step_s = time.perf_counter() - t0
-            trainer.step += 1
+            row, step_s = timed_train_step(trainer, timed, device)
             if i < args.warmup:
                 continue
             stages = {s: timed.times.get(s, 0.0) for s in STAGES}

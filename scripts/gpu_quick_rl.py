@@ -143,13 +143,7 @@ def part_rl_step(q, args, rows, deadline: float) -> None:
                 if time.time() > deadline - 5:
                     rows("rl_step", f"step_s_{i}", status="skipped", reason="the part's deadline passed")
                     return
-                timed.times.clear()
-                bench_env.sync(device)
-                t0 = time.perf_counter()
-                row = trainer.train_step()
-                bench_env.sync(device)
-                step_s = time.perf_counter() - t0
-                trainer.step += 1
+                row, step_s = bench.timed_train_step(trainer, timed, device)
                 rows("rl_step", f"step_s_{i}", step_s, reward=row.get(M.REWARD_MEAN))
                 nfe = int(row[M.ROLLOUT_NFE]) if M.ROLLOUT_NFE in row else None
                 logp = timed.times.get("logp_s", 0.0)
