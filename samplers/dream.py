@@ -267,10 +267,11 @@ def _check_inputs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, config: D
         B, T = prompt_ids.shape[0], prompt_ids.shape[1] + config.gen_length
         if config.cache == "none":
             raise ValueError("a kv_cache was passed with cache='none': pass --cache prefix or dual, or no cache.")
-        if kv_cache.k.shape[1] != B or kv_cache.length != T:
-            raise ValueError(f"--cache {config.cache}: the KV cache holds batch {kv_cache.k.shape[1]} × length "
-                             f"{kv_cache.length}, this call needs {B} × {T}: allocate KVCache.for_model(model, {B}, "
-                             f"{T}) or sample {kv_cache.k.shape[1]} rows per call.")
+        held = kv_cache.k[0].shape[0]  # one [B, H_kv, T, D] tensor per layer
+        if held != B or kv_cache.length != T:
+            raise ValueError(f"--cache {config.cache}: the KV cache holds batch {held} × length {kv_cache.length}, "
+                             f"this call needs {B} × {T}: allocate KVCache.for_model(model, {B}, {T}) or sample "
+                             f"{held} rows per call.")
 
 
 @torch.no_grad()

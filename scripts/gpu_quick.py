@@ -402,8 +402,8 @@ def part_compiled(args, rows: Rows, deadline: float) -> None:
     from dllm_ais.samplers import diffusion
 
     if args.device == "cpu":  # dynamo traces the same step; no inductor (seconds instead of minutes)
-        diffusion._compiled_step = lambda device_type="cpu": torch.compile(diffusion._step, backend="eager",
-                                                                           dynamic=False)  # fmt: skip
+        diffusion._compiled_step = lambda device_type="cpu", cudagraphs=False: torch.compile(
+            diffusion._step, backend="eager", dynamic=False)
     s = Setup(args)
     dev = s.device
     default = s.default_backend()

@@ -144,8 +144,8 @@ def part_window(q, args, rows, deadline: float) -> None:
         from dllm_ais.samplers import diffusion
 
         if not cuda:  # dynamo traces the same step; no inductor (seconds instead of minutes)
-            diffusion._compiled_step = lambda device_type="cpu": torch.compile(diffusion._step, backend="eager",
-                                                                               dynamic=False)  # fmt: skip
+            diffusion._compiled_step = lambda device_type="cpu", cudagraphs=False: torch.compile(
+                diffusion._step, backend="eager", dynamic=False)
         for name, build in (("bf16", lambda: s.master), ("fp8", lambda: s.fp8_copy(default))):
             if time.time() > deadline - (30 if cuda else 5):
                 rows("compiled", f"window_ms_{name}_compiled", status="skipped", reason="deadline")

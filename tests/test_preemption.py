@@ -161,3 +161,21 @@ def test_sigusr1_to_one_of_two_processes_stops_both_and_resume_is_exact(tmp_path
     code, log = _finish(_start(tmp_path, out, "--resume", processes=2))
     assert code == 0, log[-10000:]
     _same_run(whole, out)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_main_process_during_the_sft_warm_up_stops_both(tmp_path):
+    """The main process runs the warm-up while the other waits (main_process_first): a SIGTERM to the main process
+    there saves the warm-up's state and stops both processes with 75 — before, the other waited for ever at a barrier
+    the main process never reached."""
+    out = tmp_path / "run"
+    proc = _start(tmp_path, out, "--steps", "2", "--sft-steps", "400", processes=2)
+    _wait(proc, lambda: (out / "config.json").is_file() and len(list((tmp_path / "pids").glob("*.pid"))) == 2,
+          "the warm-up's start")
+    time.sleep(1.0)  # into the warm-up (400 steps: far from its end)
+    os.kill(int((tmp_path / "pids" / "rank0.pid").read_text()), signal.SIGTERM)
+    code, log = _finish(proc)  # fails the test after TIMEOUT_S if a process hangs
+    codes = [int((out / f"exit-rank{r}.txt").read_text()) for r in range(2)]
+    assert codes == [RESUME_EXIT_CODE] * 2, log[-10000:]
+    assert (out / "sft-partial.pt").is_file() and not (out / "sft").exists(), log[-5000:]
+    assert "process 1: stopping with the run (SIGTERM before the first step)" in log, log[-5000:]

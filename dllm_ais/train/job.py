@@ -194,6 +194,43 @@ def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress:
                   load_model_state=load_model_state, use_chat_template=use_chat_template)
 
 
+def build_in_turn(state, build: Callable[[], Policy]) -> Policy:
+    """accelerate's main_process_first for the policy, safe to stop: the main process builds first (the SFT warm-up,
+    cached in <out>/sft) while the others wait; then every process says whether it was stopped — the main one by
+    Ctrl-C / SIGTERM / SIGUSR1 during the warm-up (after saving its state), the others by a signal while they waited
+    — and if any was, all stop the same way (exit 130 or RESUME_EXIT_CODE) instead of the others waiting for ever at
+    a barrier the main process never reaches. Otherwise the others build (loading the cached warm-up)."""
+    if state.num_processes == 1:
+        return build()
+    from accelerate.utils import gather_object
+
+    from dllm_ais.train.interrupt import Preempted, install_sigint
+
+    policy, stop, waited = None, None, {"stop": None}
+    if state.is_main_process:
+        try:
+            policy = build()
+        except (Preempted, KeyboardInterrupt) as e:
+            stop = e
+        restore = None
+    else:  # a signal while waiting is recorded (not a kill), and acted on below with everyone
+        restore = install_sigint(lambda: waited["stop"] is not None, lambda reason: waited.update(stop=reason))
+    try:
+        state.wait_for_everyone()
+    finally:
+        if restore is not None:
+            restore()
+    mine = waited["stop"] if stop is None else "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else str(stop)
+    reasons = [r for r in gather_object([mine]) if r is not None]
+    if reasons:
+        if stop is not None:
+            raise stop
+        print(f"process {state.process_index}: stopping with the run ({reasons[0]} before the first step)",
+              file=sys.stderr, flush=True)
+        raise KeyboardInterrupt if reasons[0] == "Ctrl-C" else Preempted(reasons[0])
+    return policy if policy is not None else build()
+
+
 def _sft_state(run: RunDir, sft_steps: int) -> str:
     """What a resume without a GRPO checkpoint does with the SFT warm-up (said, never silent)."""
     if sft_steps == 0:
@@ -255,8 +292,8 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         print(f"--resume: {_sft_state(run, preset.train.sft_steps)}", file=sys.stderr, flush=True)
     if preset.model.device.startswith("cuda"):  # each process loads onto its own GPU
         preset = replace(preset, model=replace(preset.model, device=str(state.device)))
-    with state.main_process_first():  # the main process runs the SFT warm-up and caches it; the others load it
-        policy = build_policy(preset, run, task.use_chat_template, progress and state.is_main_process)
+    policy = build_in_turn(state, lambda: build_policy(preset, run, task.use_chat_template,
+                                                       progress and state.is_main_process))
     trainer = Trainer(preset, policy, run, reward, rows, progress=progress)
     if resume:
         trainer.resume(ckpt)
