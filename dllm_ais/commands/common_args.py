@@ -26,12 +26,17 @@ def add_sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remasking", default=None, choices=["low_confidence", "random"],
                    help="which masked positions each step commits: the most confident ones, or random ones")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
+    add_fast_sampler_args(p)
+
+
+def add_fast_sampler_args(p: argparse.ArgumentParser, needs: str = "") -> None:
+    """Fast-dLLM's cache and threshold and the CUDA graphs (`sample`; `train` adds what they need: `needs`)."""
     p.add_argument("--cache", default=None, choices=CACHE_MODES,
                    help="Fast-dLLM block KV cache: none (every step a full forward), prefix (one refresh forward per "
-                   "block caches what precedes it), dual (later steps recompute the current block only)")
+                   f"block caches what precedes it), dual (later steps recompute the current block only){needs}")
     p.add_argument("--threshold", type=float, default=None, metavar="F",
                    help="Fast-dLLM parallel decoding: each step commits every masked token of the block with "
-                   "confidence >= F (and at least one), in (0, 1]; default: the fixed schedule")
+                   f"confidence >= F (and at least one), in (0, 1]; default: the fixed schedule{needs}")
     p.add_argument("--cuda-graphs", default=None, choices=CUDA_GRAPH_MODES,
                    help="replay each static-shape sampler forward (refresh, window, uncached step) from a CUDA "
                    "graph: auto = on for CUDA rollouts (eager, with a warning, where a capture fails), on = graphs or "

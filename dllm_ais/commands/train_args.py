@@ -65,16 +65,10 @@ def add_correction_args(p: argparse.ArgumentParser) -> None:
 
 def add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
     """`train`: Fast-dLLM rollouts (KV cache, threshold decoding) and the mismatch estimator that can see them."""
-    from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES, MISMATCH_ESTIMATORS, POLICY_LOGPROBS
+    from dllm_ais.commands.common_args import add_fast_sampler_args
+    from dllm_ais.config import MISMATCH_ESTIMATORS, POLICY_LOGPROBS
 
-    p.add_argument("--cache", default=None, choices=CACHE_MODES,
-                   help="rollout KV cache (Fast-dLLM): none, prefix, dual (needs --mismatch-estimator trajectory)")
-    p.add_argument("--threshold", type=float, default=None, metavar="F",
-                   help="rollout threshold decoding: commit every token with confidence >= F per step (needs "
-                   "--mismatch-estimator trajectory)")
-    p.add_argument("--cuda-graphs", default=None, choices=CUDA_GRAPH_MODES,
-                   help="rollouts replay each static-shape sampler forward from a CUDA graph: auto = on for CUDA "
-                   "rollouts (eager, with a warning, where a capture fails), on = graphs or a refusal, off = never")
+    add_fast_sampler_args(p, needs=" (needs --mismatch-estimator trajectory)")
     p.add_argument("--mismatch-estimator", default=None, choices=MISMATCH_ESTIMATORS,
                    help="diffusion log-ratio: elbo (coupled MC-ELBO, default) or trajectory (replay of the "
                    "recorded denoising canvases under pi_old; sees --cache/--threshold)")
