@@ -192,18 +192,32 @@ class Setup:
 
         return _logits(model, self.x, self.attn, self.lo, self.hi, compiled)
 
-    def window(self, model, compiled: int = 0) -> Callable[[], object]:
-        """A dual-cache step as diffusion_sample runs it: a refresh over the whole canvas fills the cache (now), then
-        the returned thunk recomputes only the block window [B, Lb] against the cached K/V."""
+    def cached_window(self, model, compiled: int = 0, graphed: bool = False):
+        """(refresh, step) of one dual-cache block as diffusion_sample runs it, sharing one KV cache: refresh() runs
+        the whole canvas and fills the cache (once now, before any capture), step() recomputes only the block window
+        [B, Lb] against it — eagerly, compiled, or replayed from a CUDA graph (samplers/diffusion_graphs.py, the
+        sampler's own graphs under cuda_graphs='on'; captured now)."""
         from dllm_ais.models.kv_cache import KVCache
         from dllm_ais.samplers.diffusion import _logits
 
         kv = KVCache.for_model(model, self.x.shape[0], self.x.shape[1])
         if compiled and self.device.type == "cuda":
             kv.mark_static()
-        _logits(model, self.x, self.attn, self.lo, self.hi, compiled, kv, 0)
+
+        def refresh():
+            return _logits(model, self.x, self.attn, self.lo, self.hi, compiled, kv, 0)
+
+        refresh()
         block = self.x[:, self.lo:self.hi]
-        return lambda: _logits(model, block, self.attn, 0, self.hi - self.lo, compiled, kv, self.lo)
+        if graphed:
+            from dllm_ais.samplers.diffusion_graphs import graphed_window_step
+
+            return refresh, graphed_window_step(model, kv, block, self.attn, self.lo)
+        return refresh, lambda: _logits(model, block, self.attn, 0, self.hi - self.lo, compiled, kv, self.lo)
+
+    def window(self, model, compiled: int = 0, graphed: bool = False) -> Callable[[], object]:
+        """The window step of `cached_window` (its cache filled by one refresh now)."""
+        return self.cached_window(model, compiled, graphed)[1]
 
 
 def profile_text(title: str, fn: Callable[[], object], device) -> str:

@@ -22,25 +22,6 @@ import time
 NEEDS_CUDA = "needs CUDA (CUDA graphs)"
 
 
-def _graph_runner():
-    """samplers/diffusion_graphs.py's graphed window step (the sampler's own graphs under cuda_graphs='on')."""
-    from dllm_ais.samplers.diffusion_graphs import graphed_window_step
-
-    return graphed_window_step
-
-
-def graphed_window(s, model):
-    """A thunk replaying the window step of `s.window` from a CUDA graph (captured now, after the refresh)."""
-    from dllm_ais.models.kv_cache import KVCache
-    from dllm_ais.samplers.diffusion import _logits
-
-    runner = _graph_runner()
-    kv = KVCache.for_model(model, s.x.shape[0], s.x.shape[1])
-    _logits(model, s.x, s.attn, s.lo, s.hi, 0, kv, 0)
-    block = s.x[:, s.lo:s.hi]
-    return runner(model, kv, block, s.attn, s.lo)  # captured now (warm-up included), outside the timed calls
-
-
 def part_window(q, args, rows, deadline: float) -> None:
     """`q` is scripts/gpu_quick.py (Setup, time_ms, profiles, _section, _free and the sibling loader)."""
     import torch
@@ -67,27 +48,17 @@ def part_window(q, args, rows, deadline: float) -> None:
             if not cuda:
                 rows("graphed", f"window_ms_{name}_graphed", status="skipped", reason=NEEDS_CUDA)
                 continue
-            step = graphed_window(s, build())
+            step = s.window(build(), graphed=True)
             rows("graphed", f"window_ms_{name}_graphed", q.time_ms(step, dev))
             step = None
             q._free(dev)
 
     def block_section() -> None:
-        from dllm_ais.models.kv_cache import KVCache
-        from dllm_ais.samplers.diffusion import _logits
-
         copy = s.fp8_copy(default)
-        kv = KVCache.for_model(copy, s.x.shape[0], s.x.shape[1])
-        block = s.x[:, s.lo:s.hi]
-        _logits(copy, s.x, s.attn, s.lo, s.hi, 0, kv, 0)  # fill the cache before a graph is captured over it
-        if cuda:
-            window = _graph_runner()(copy, kv, block, s.attn, s.lo)
-        else:
-            def window():
-                return _logits(copy, block, s.attn, 0, s.hi - s.lo, 0, kv, s.lo)
+        refresh, window = s.cached_window(copy, graphed=cuda)
 
         def fp8_block() -> None:  # the refresh (eager: one whole-canvas forward) writes the cache, the steps read it
-            _logits(copy, s.x, s.attn, s.lo, s.hi, 0, kv, 0)
+            refresh()
             for _ in range(per_block - 1):
                 window()
 
