@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-ROWS = {"one_step": None, "elbo-stratified": None, "elbo-antithetic": None, "elbo-quadrature": None,
+ROWS = {"one_step": 1, "elbo-stratified": None, "elbo-antithetic": None, "elbo-quadrature": None,
         "coupled": 3, "spg-elbo": None, "spg-eubo": None}
-"""Policy estimators measured; a fixed number of forward rows per sequence, or None = K (one_step: 1)."""
+"""Policy estimators measured, each with its fixed forward rows per sequence, or None = K (one per draw)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class PolicyVarianceResult:
 def supports(name: str, K: int) -> bool:
     """Whether `name` runs at K draws (one_step and coupled at their own fixed cost only; antithetic and
     quadrature need an even K)."""
-    if name == "one_step" or name == "coupled":
+    if ROWS[name] is not None:  # a fixed cost (one_step, coupled): measured once, at K = 1
         return K == 1
     if name in ("elbo-antithetic", "elbo-quadrature"):
         return K % 2 == 0
@@ -52,8 +52,7 @@ def supports(name: str, K: int) -> bool:
 
 
 def forward_rows(name: str, K: int) -> int:
-    fixed = ROWS[name]
-    return 1 if name == "one_step" else fixed if fixed is not None else K
+    return ROWS[name] or K
 
 
 def _estimator(name: str, K: int, block_length: int):
