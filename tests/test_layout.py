@@ -213,3 +213,18 @@ def test_the_repository_uses_the_new_paths_only():
 def test_an_unknown_name_still_fails_to_import():
     with pytest.raises(ModuleNotFoundError):
         __import__("dllm_ais.no_such_module")
+
+
+def test_every_package_directory_is_installed():
+    """A non-editable install ships only pyproject's `packages`: every directory with an __init__.py under the package
+    roots (package-dir mapping included) must be listed (dllm_ais.plan was not: `pip install .` lost `dllm-ais plan`)."""
+    import tomllib
+
+    setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setup["packages"])
+    found = set()
+    for name, root in setup["package-dir"].items():
+        for init in (REPO / root).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / root).parts
+            found.add(".".join((name, *rel)))
+    assert found - listed == set(), f"add to pyproject's packages: {sorted(found - listed)}"
