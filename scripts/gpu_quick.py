@@ -479,7 +479,8 @@ def run_parts(args) -> dict:
         if left < 10:
             parts[part] = "skipped: budget spent"
             continue
-        limit = min(PART_CAP_S[part] * (CPU_SLACK if args.device == "cpu" else 1.0), left)
+        cap = dict(PART_CAP_S, **args.cap)[part]
+        limit = min(cap * (CPU_SLACK if args.device == "cpu" else 1.0), left)
         deadline = time.time() + limit
         cmd = [sys.executable, __file__, "--part", part, "--out-dir", str(args.out_dir), "--device", args.device,
                "--deadline", str(deadline - 3)] + (["--tiny"] if args.tiny else []) + (
@@ -502,6 +503,16 @@ def run_parts(args) -> dict:
     return result
 
 
+def _cap(text: str) -> tuple[str, float]:
+    part, sep, seconds = text.partition("=")
+    if not sep or part not in PARTS:
+        raise argparse.ArgumentTypeError(f"expected PART=SECONDS with PART one of {', '.join(PARTS)}, got {text!r}")
+    try:
+        return part, float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: SECONDS must be a number") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, help="default benchmarks/gpu/<device>-<YYYYMMDD>-quick")
@@ -511,11 +522,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for all parts together (default 400 on a GPU: the 420 s call less the install; "
                         "800 for the CPU dry run)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run, in order")
+    parser.add_argument("--cap", type=_cap, action="append", default=[], metavar="PART=SECONDS",
+                        help="raise or lower one part's own limit (repeatable), e.g. --cap window=150")
     parser.add_argument("--block-imports", default=None,
                         help="comma-separated modules made unimportable in every part (e.g. datasets,math_verify)")
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # internal: run one part in this process
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.cap = dict(args.cap)
     block_imports(args.block_imports)
     if args.device == "cpu" and not args.tiny:
         parser.error("--device cpu needs --tiny (LLaDA-8B shapes need a GPU)")

@@ -111,7 +111,8 @@ def _rmsnorm_quant_kernel(
     grp, cols, mask = _group_tile(GROUPS, BLOCK_K, 0, D)
     x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)  # [GB, BK]
     ss = tl.sum(tl.sum(x * x, axis=1), axis=0)  # scalar
-    r = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(ss, d_float) + eps))  # rsqrt(mean + eps)
+    # inductor types float scalars that come from symbolic shapes as fp64: the math stays fp32 either way
+    r = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(ss, tl.cast(d_float, tl.float32)) + tl.cast(eps, tl.float32)))
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = _to_model_dtype((x * r) * w, OUT_BF16)
     _quant_store_row(y, row64, grp, cols, mask, q_ptr, s_ptr, stride_qm, stride_sm, stride_sg, G)

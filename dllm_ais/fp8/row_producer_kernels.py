@@ -75,7 +75,8 @@ def _row_quant_kernel(
             mask = row_ok[:, None] & (cols[None, :] < K)
             x = tl.load(a_ptr + rows64[:, None] * stride_am + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             ss += tl.sum(x * x, axis=1)
-        r = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(ss, k_float) + eps))
+        # inductor types float scalars from symbolic shapes as fp64: keep the math fp32
+        r = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(ss, tl.cast(k_float, tl.float32)) + tl.cast(eps, tl.float32)))
     amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # the row's amax
         cols = k0 + offs
