@@ -37,6 +37,9 @@ TARGET = ("cuda", 90, 128)  # sm_90, warp size 32 … GPUTarget(backend, arch, w
 # config covers every M bucket; pruning per bucket (kernels.prune_gemm_configs) is checked separately.
 D_MODEL, D_FF, HEAD_DIM, N_HEADS, SEQ = 4096, 12288, 128, 32, 320
 M_LARGE, M_SMALL = 10240, 64
+FP64_SUFFIX = "/fp64"
+"""Suffix of a producer row compiled with its float scalars typed fp64, as inductor passes floats derived from symbolic
+shapes to user kernels (the H200 quick check of 2026-11-27 failed on `tl.sqrt_rn` of an fp64 value)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +198,9 @@ def producer_rows() -> list[Row]:
         compiled = _compile(fn, args, const, warps, 1)
         tiles = " ".join(f"{k}={v}" for k, v in sorted(const.items()) if k.startswith("BLOCK") or k == "GROUPS")
         rows.append(_row(name, f"w{warps} {tiles}", compiled))
+        if any(isinstance(v, float) for v in args.values()):  # inductor types symbolic-shape floats as fp64
+            fp64 = {k: "fp64" if isinstance(v, float) else v for k, v in args.items()}
+            rows.append(_row(f"{name}{FP64_SUFFIX}", f"w{warps} {tiles}", _compile(fn, fp64, const, warps, 1)))
     return rows
 
 
