@@ -180,3 +180,20 @@ def test_each_likelihood_row_says_which_model_it_is(capsys):
     names = [p["what"] for p in json.loads(capsys.readouterr().out)["passes"] if p["phase"] == "likelihood"]
     assert len(names) == len(set(names)), names
     assert any("ELBO of π_old" in n for n in names) and any("ELBO of μ" in n for n in names), names
+
+
+def test_plan_applies_the_policy_likelihood_flags(capsys):
+    """--policy-logprob, --elbo-draws and --beta reach the plan (before, the plan ignored --policy-logprob): K draws
+    multiply π_old, log μ and the update, the update is checkpointed, and β 0 drops the reference."""
+    def passes(*flags):
+        assert main(["plan", "--preset", D1, "--json", *flags]) == 0
+        data = json.loads(capsys.readouterr().out)
+        return {p["what"]: p for p in data["passes"]}, data["seconds_per_step"]
+
+    one, t_one = passes()
+    elbo, t_elbo = passes("--policy-logprob", "elbo", "--elbo-draws", "4", "--beta", "0")
+    assert one["π_old (one-step)"]["calls"] == 12 and elbo["π_old (elbo)"]["calls"] == 12 * 4
+    assert elbo["forward + backward (elbo)"]["calls"] == 4 * one["forward + backward (one-step)"]["calls"]
+    assert not any("reference" in w for w in elbo) and any("reference" in w for w in one)
+    assert t_elbo > t_one
+    assert main(["plan", "--preset", D1, "--policy-logprob", "spg"]) == 2  # spg needs β = 0, as train says

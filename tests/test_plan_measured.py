@@ -206,3 +206,39 @@ def test_with_bf16_rollouts_the_rollout_and_likelihood_phases_are_predicted_with
     assert plan.memory.rollout_copy == 0
     assert measured["peaks"]["rollout"] == pytest.approx(plan.memory.rollout_activations, rel=0.05)
     assert measured["peaks"]["likelihood"] == pytest.approx(plan.memory.likelihood_activations, rel=0.05)
+
+
+def _policy_preset(name: str):
+    base = get_preset("tiny-cpu")
+    likelihood = replace(base.train.likelihood, elbo_draws=2) if name in ("elbo", "spg") else base.train.likelihood
+    grpo = replace(base.grpo, beta=0.0) if name == "spg" else base.grpo  # SPG trains without a KL term
+    return replace(base, train=replace(base.train, policy_logprob=name, likelihood=likelihood), grpo=grpo)
+
+
+def _rows_by(counts) -> Counter:
+    out = Counter()
+    for key, n in counts:
+        out[key[:2]] += key[2] * n
+    return out
+
+
+@pytest.mark.parametrize("name", ["elbo", "spg", "coupled", "trajectory"])
+def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
+    """The plan knows what each --policy-logprob runs: mask-draw calls of 64 rows per draw (elbo, spg: exact), the
+    three coupled canvases and the replayed trajectory steps (upper bounds: canvases with nothing to score are
+    skipped), π_old and the reference once per step for a trajectory, and a checkpointed update (forward twice)."""
+    preset = _policy_preset(name)
+    plan = make_plan(preset, "h100", device="cpu")
+    measured = _run_steps(preset, steps=1)
+    got = Counter((phase, model, rows, tokens) for phase, model, rows, tokens in measured["forwards"])
+    want = Counter()
+    for p in step_passes(plan.workload):
+        want[(p.phase, p.model, p.rows, p.tokens)] += p.calls * (2 if p.recompute else 1)
+    assert any(p.recompute for p in step_passes(plan.workload))
+    if name in ("elbo", "spg"):
+        assert got == want
+        return
+    got_rows, want_rows = _rows_by(got.items()), _rows_by(want.items())
+    assert set(got_rows) == set(want_rows)
+    for key, rows in want_rows.items():  # an upper bound, and a tight one on this task
+        assert 0.85 * rows <= got_rows[key] <= rows, (key, got_rows[key], rows)

@@ -49,6 +49,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     batch.add_argument("--gradient-checkpointing", action="store_true", help="recompute each block in backward "
                        "(models/llada.py supports it; train does not switch it on yet)")
     batch.add_argument("--steps", type=int, default=None, help="RL steps of the run (for its total time)")
+    batch.add_argument("--beta", type=float, default=None, help="KL coefficient (> 0: a reference pass per update; "
+                       "--policy-logprob spg needs 0)")
+    batch.add_argument("--elbo-draws", type=int, default=None, metavar="K", help="--policy-logprob elbo / spg: mask "
+                       "draws per sequence (K forward rows per sequence and evaluation)")
     return rollout
 
 
@@ -69,8 +73,11 @@ def plan_preset(args: argparse.Namespace):
     train = override(preset.train, lora_r=args.lora_r, rollout_precision=args.rollout_precision,
                      prompts_per_step=args.prompts_per_step, gradient_accumulation_steps=args.micro_batches,
                      steps=args.steps, mismatch_estimator=args.mismatch_estimator,
-                     trajectory_steps=args.trajectory_steps)
-    grpo = override(preset.grpo, num_generations=args.num_generations, num_iterations=args.num_iterations)
+                     trajectory_steps=args.trajectory_steps, policy_logprob=args.policy_logprob,
+                     trajectory_merge=args.trajectory_merge,
+                     likelihood=override(preset.train.likelihood, elbo_draws=args.elbo_draws))
+    grpo = override(preset.grpo, num_generations=args.num_generations, num_iterations=args.num_iterations,
+                    beta=args.beta)
     if args.gen_length is not None:
         grpo = replace(grpo, max_completion_length=args.gen_length)
     return replace(preset, model=model, sampler=sampler, train=train, grpo=grpo)

@@ -7,7 +7,8 @@ head over `head` positions per row:
 N_block = the block linears' parameters (4d² + 3dh per layer); the attention term is QKᵀ and A·V (2·tokens·keys·d
 each per layer). Backward: the linears twice over (input and weight gradients) for full fine-tuning, once (input
 gradient; the frozen weights need none) plus the adapters' own work under LoRA; attention's backward counts twice
-its forward; with gradient checkpointing the blocks' forward runs again.
+its forward; with gradient checkpointing the blocks' forward runs again, and a checkpointed policy-likelihood
+call (every estimator but one_step) runs its whole forward again.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def pass_cost(shape: ModelShape, p: Pass, w: Workload) -> PassCost:
         backward = linear + 2 * attention + lm_head + 2 * adapters
     else:
         backward = 2 * linear + 2 * attention + 2 * lm_head
-    if w.gradient_checkpointing:
+    if p.recompute:  # the checkpointed call runs its whole forward again in backward
+        backward += forward
+    elif w.gradient_checkpointing:
         backward += linear + attention
     return PassCost(p, forward, backward)

@@ -145,11 +145,11 @@ def pass_bytes(shape: ModelShape, p: Pass, s: int, fused: bool) -> float:
 
 
 def train_bytes(shape: ModelShape, w: Workload, checkpointed: bool) -> float:
-    """One micro-batch of the update (micro_rows × canvas tokens, the head over the completion): what forward saves
+    """One micro-batch of the update (update_rows × canvas tokens, the head over the completion): what forward saves
     for backward, plus the larger of forward's last temporaries (LoRA: a widest adapter's fp32 update and its scaled
     copy, 8h per token; full fine-tuning 2sd) and backward's (the logits' gradient with one fp32 log-softmax chunk,
     or a block's activation gradients, sh + 2sd per token, while its saved tensors are still alive)."""
-    s, b, T, L = w.act_bytes, w.micro_rows, w.canvas, w.gen_length
+    s, b, T, L = w.act_bytes, w.update_rows, w.canvas, w.gen_length
     d, h, V = shape.d_model, shape.mlp_hidden, shape.vocab
     n, m = b * T, b * L
     layers = [layer_saved_bytes(shape, s, w.lora_r, first=i == 0) for i in range(shape.n_layers)]

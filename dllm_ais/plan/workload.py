@@ -9,8 +9,16 @@ Per process (accelerate: every process rolls out its own prompts_per_step prompt
                same masks: one on the rollout copy; ℓ: the coupled ELBO (K draws × B rows on each of master and copy,
                64 rows per call) or the trajectory replay (B × replayed steps rows on the master); the reference
                (β > 0): num_iterations one-step forwards (the adapter-free base with LoRA, a frozen copy otherwise).
-  train        num_iterations updates, each a forward + backward of the one-step estimator over the B rows, in
+  train        num_iterations updates, each a forward + backward of the policy likelihood over the B rows, in
                gradient_accumulation_steps micro-batches; one AdamW step per update.
+
+The policy likelihood (--policy-logprob) sets how many canvases one evaluation scores per sequence: one_step 1, elbo
+and spg K draws, coupled 3 (DiffuCoder's three passes), trajectory the replayed steps (÷ --trajectory-merge). Mask-draw
+estimators run each (draw, 64-row chunk) as one call and, with gradients, checkpoint it (the forward runs again in
+backward: memory flat in K); a trajectory replay runs chunks of the batch's rows, checkpointed likewise, and its π_old
+and reference are evaluated once per step (one replay serves every iteration). Coupled and trajectory skip canvases
+with nothing to score (a complement without masks, a step that committed nothing), so for them the rows are upper
+bounds; for one_step, elbo and spg they are exact (tests/test_plan_measured.py counts them).
   sync         the rollout copy requantised from the master (none for bf16 rollouts).
 """
 
@@ -21,6 +29,8 @@ from dataclasses import dataclass
 
 ELBO_ROWS_PER_CALL = 64
 """likelihood/elbo.py DEFAULT_BATCH_SIZE: rows of one model call of the mismatch ELBO."""
+DRAW_ROWS_PER_CALL = 64
+"""likelihood/mask_draws.py draw_logprobs' batch_size: rows of one call of a mask-draw policy likelihood."""
 PROMPT_BUCKET = 64
 """samplers/diffusion.py PROMPT_BUCKET: compiled sampling (CUDA) left-pads prompts to a multiple of this."""
 
@@ -82,6 +92,12 @@ class Workload:
     """Recompute each block in backward (models/llada.py supports it; `dllm-ais train` does not switch it on yet)."""
     train_steps: int
     """RL steps of the run (for the run's total time)."""
+    policy: str = "one_step"
+    """The policy likelihood (TrainConfig.policy_logprob): one_step, elbo, coupled, spg or trajectory."""
+    policy_draws: int = 1
+    """Canvases it scores per sequence and evaluation (module docstring)."""
+    trajectory_merge: int = 1
+    """--trajectory-merge: consecutive sampler steps scored in one replayed canvas."""
 
     @property
     def canvas(self) -> int:
@@ -99,6 +115,18 @@ class Workload:
     @property
     def trainable(self) -> str:
         return "lora" if self.lora_r else "full"
+
+    @property
+    def policy_checkpointed(self) -> bool:
+        """The update checkpoints each call of the policy likelihood (every estimator but one_step)."""
+        return self.policy != "one_step"
+
+    @property
+    def update_rows(self) -> int:
+        """Rows whose activations the update keeps at once: a micro-batch, or one checkpointed mask-draw call."""
+        if self.policy in ("elbo", "spg", "coupled"):
+            return min(self.micro_rows, DRAW_ROWS_PER_CALL)
+        return self.micro_rows
 
 
 @dataclass(frozen=True)
@@ -123,6 +151,8 @@ class Pass:
     """Positions per row that go through the LM head."""
     grad: bool = False
     """Forward with autograd (the update); its backward runs too."""
+    recompute: bool = False
+    """With grad: the call is activation-checkpointed, so backward runs its forward once more."""
 
     @property
     def row_passes(self) -> int:
@@ -154,13 +184,39 @@ def rollout_passes(w: Workload) -> list[Pass]:
     return out
 
 
+def _committed_per_step(w: Workload) -> int:
+    """Completion positions one replayed step scores (the head of a trajectory call)."""
+    per_block = w.sampler_steps // (w.gen_length // w.block_length)
+    return w.block_length if w.threshold is not None else math.ceil(w.block_length / per_block)
+
+
+def policy_calls(w: Workload, rows: int) -> list[tuple[int, int]]:
+    """(calls, rows per call) of one evaluation of the policy likelihood over `rows` sequences (module docstring)."""
+    if w.policy == "one_step":
+        return [(1, rows)]
+    if w.policy == "trajectory":  # (sequence, step) canvases in chunks of the batch's rows
+        return [(w.policy_draws, rows)]
+    full, rest = divmod(rows, DRAW_ROWS_PER_CALL)  # per draw: 64-row chunks, then the remainder
+    return [(n, r) for n, r in ((w.policy_draws * full, DRAW_ROWS_PER_CALL), (w.policy_draws, rest)) if n and r]
+
+
+def _policy_passes(w: Workload, what: str, model: str, evaluations: int, rows: int, grad: bool = False) -> list[Pass]:
+    name = {"one_step": "one-step"}.get(w.policy, w.policy)
+    head = _committed_per_step(w) if w.policy == "trajectory" else w.gen_length
+    return [Pass("likelihood" if not grad else "train", f"{what} ({name})", model, evaluations * calls, n, w.canvas,
+                 w.canvas, head, grad=grad, recompute=grad and w.policy_checkpointed)
+            for calls, n in policy_calls(w, rows)]
+
+
 def likelihood_passes(w: Workload) -> list[Pass]:
     """π_old, log μ on the same masks, the mismatch ℓ and the reference: no-grad forwards (train/trainer.py)."""
-    T, B, L, it = w.canvas, w.rows, w.gen_length, w.num_iterations
+    T, B, L = w.canvas, w.rows, w.gen_length
+    it = 1 if w.policy == "trajectory" else w.num_iterations  # one replay serves every iteration
     quantised = w.rollout_precision != "bf16"
-    out = [Pass("likelihood", "π_old one-step", "rollout" if w.bypass else "master", it, B, T, T, L)]
-    if quantised and not w.bypass:
-        out.append(Pass("likelihood", "log μ one-step (same masks)", "rollout", 1, B, T, T, L))
+    out = _policy_passes(w, "π_old", "rollout" if w.bypass else "master", it, B)
+    recorded = w.policy == "trajectory" and w.trajectory_merge == 1  # the sampler recorded log μ of these canvases
+    if quantised and not w.bypass and not recorded:
+        out += _policy_passes(w, "log μ (same masks)", "rollout", 1, B)
     if w.mismatch == "elbo":
         rows = B * w.mismatch_draws
         calls = math.ceil(rows / ELBO_ROWS_PER_CALL)
@@ -170,22 +226,20 @@ def likelihood_passes(w: Workload) -> list[Pass]:
                             T, T, L))
     elif w.mismatch == "trajectory":  # log μ was recorded by the sampler: only π_old replays
         replayed = w.trajectory_steps if w.trajectory_steps is not None else nfe(w)
-        per_block = w.sampler_steps // (w.gen_length // w.block_length)
-        committed = w.block_length if w.threshold is not None else math.ceil(w.block_length / per_block)
-        out.append(Pass("likelihood", "mismatch trajectory replay", "master", replayed, B, T, T, committed))
+        out.append(Pass("likelihood", "mismatch trajectory replay", "master", replayed, B, T, T,
+                        _committed_per_step(w)))
     if w.beta > 0:
-        out.append(Pass("likelihood", "reference one-step (β > 0)", "reference", it, B, T, T, L))
+        out += _policy_passes(w, "reference (β > 0)", "reference", it, B)
     return out
 
 
 def train_passes(w: Workload) -> list[Pass]:
-    """The updates: forward + backward of the one-step estimator per micro-batch (the last may be smaller)."""
+    """The updates: forward + backward of the policy likelihood per micro-batch (the last may be smaller)."""
     sizes = [len(range(i, w.rows, w.micro_batches)) for i in range(w.micro_batches)]  # tensor_split's chunk sizes
     out = []
     for size in sorted(set(s for s in sizes if s)):
-        calls = w.num_iterations * sizes.count(size)
-        out.append(Pass("train", "one-step forward + backward", "master", calls, size, w.canvas, w.canvas,
-                        w.gen_length, grad=True))
+        out += _policy_passes(w, "forward + backward", "master", w.num_iterations * sizes.count(size), size,
+                              grad=True)
     return out
 
 
@@ -246,6 +300,11 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     param_bytes = 4 if (fsdp and tc.lora_r == 0) else dtype_bytes
     act_bytes = 2 if fsdp else dtype_bytes
     compiled = device == "cuda" and sc.compile
+    policy, merge = tc.policy_logprob, tc.trajectory_merge
+    if policy == "trajectory":
+        draws = -(-(tc.trajectory_steps if tc.trajectory_steps is not None else sc.steps) // merge)
+    else:
+        draws = {"one_step": 1, "coupled": 3}.get(policy, tc.likelihood.elbo_draws)
     rollout_prompt = -(-prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET if compiled else prompt_len
     return Workload(
         rows=tc.prompts_per_step * gc.num_generations, prompt_len=prompt_len, rollout_prompt_len=rollout_prompt,
@@ -255,4 +314,5 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
         micro_batches=min(tc.gradient_accumulation_steps, tc.prompts_per_step * gc.num_generations),
         num_iterations=gc.num_iterations, beta=gc.beta, mismatch=mismatch_kind(preset),
         mismatch_draws=tc.mismatch_num_draws, trajectory_steps=tc.trajectory_steps, bypass=preset.correction.bypass,
-        gpus=gpus, fsdp=fsdp, gradient_checkpointing=gradient_checkpointing, train_steps=tc.steps)
+        gpus=gpus, fsdp=fsdp, gradient_checkpointing=gradient_checkpointing, train_steps=tc.steps, policy=policy,
+        policy_draws=draws, trajectory_merge=merge)
