@@ -19,7 +19,7 @@ README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 INSTALL_RUN = "pip install torch==2.13.0 -e . && dllm-ais train"
-INSTALL_TEST = 'pip install torch==2.13.0 -e ".[dev]" && pytest'
+INSTALL_TEST = 'pip install torch==2.13.0 -e ".[dev]" && pytest -n 2'
 README_SECTIONS = ["Quickstart on a CPU", "Quickstart on GPUs: LLaDA-8B-Instruct", "What is here", "What was measured",
                    "Where to read more"]  # after the pitch and the two commands (issue 29's order)
 

@@ -104,7 +104,7 @@ def test_adversarial_answers_score_zero_without_executing(text, tmp_path, monkey
     start = time.perf_counter()
     assert _score(f"<answer>{text}</answer>", (16,), 16) == 0.0
     assert _score(f"\\boxed{{{text}}}", (16,), 16) == 0.0
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 5.0  # a hang guard (e.g. 9**9**9 evaluated), not a speed target
     assert not sentinel.exists()
 
 
