@@ -44,7 +44,8 @@ class Workload:
     prompt_len: int
     """P: prompt tokens (left-padded batch width) of the likelihood and training passes."""
     rollout_prompt_len: int
-    """Prompt tokens of the rollout canvas (P rounded up to PROMPT_BUCKET when the sampler is compiled on CUDA)."""
+    """Prompt tokens of the rollout canvas (P rounded up to PROMPT_BUCKET when the sampler is compiled or graphed on
+    CUDA)."""
     gen_length: int
     """L: completion tokens."""
     block_length: int
@@ -284,7 +285,8 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
                          gradient_checkpointing: bool = False, device: str = "cuda") -> Workload:
     """The Workload of `preset` on `gpus` processes. prompt_len None: measured for the tiny model, else
     ASSUMED_PROMPT_LEN. fsdp None: FSDP2 for full fine-tuning on several GPUs (docs/gpus.md), else DDP.
-    device "cuda": the sampler compiles and pads prompts to PROMPT_BUCKET; "cpu": as the CPU runs it."""
+    device "cuda": the sampler compiles or replays CUDA graphs and pads prompts to PROMPT_BUCKET; "cpu": as the CPU
+    runs it."""
     tc, sc, gc = preset.train, preset.sampler, preset.grpo
     if gpus < 1:
         raise ValueError(f"--gpus {gpus}: must be >= 1.")
@@ -299,7 +301,7 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     # FSDP full fine-tuning: fp32 shards (16-bit ones are refused), bf16 compute through mixed precision
     param_bytes = 4 if (fsdp and tc.lora_r == 0) else dtype_bytes
     act_bytes = 2 if fsdp else dtype_bytes
-    compiled = device == "cuda" and sc.compile
+    compiled = device == "cuda" and (sc.compile or sc.cuda_graphs != "off")  # both pad prompts to PROMPT_BUCKET
     policy, merge = tc.policy_logprob, tc.trajectory_merge
     if policy == "trajectory":
         draws = -(-(tc.trajectory_steps if tc.trajectory_steps is not None else sc.steps) // merge)
