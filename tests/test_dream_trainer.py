@@ -40,7 +40,7 @@ def test_dream_family_backend_maps_the_sampler_settings():
     model.sampling_defaults = {"alg": "entropy", "alg_temp": 0.5, "top_p": 0.9, "top_k": 7}
     d = _backend(sampler, model).dream
     assert (d.alg, d.alg_temp, d.top_p, d.top_k) == ("entropy", 0.5, 0.9, 7)
-    with pytest.raises(ValueError, match="block_length=1 needs a cache"):
+    with pytest.raises(ValueError, match="--block-length 1 needs --cache prefix or dual"):
         _backend(replace(sampler, block_length=1))
     with pytest.raises(ValueError, match="policy-logprob trajectory"):
         _backend(sampler, policy_logprob="trajectory")
@@ -196,3 +196,19 @@ def test_eval_protocol_d1_on_dream_generations(tmp_path):
     rescored, rows = rescore([str(out / "generations.jsonl")], "gsm8k", "d1")
     assert rescored["n"] == 3 and rescored["accuracy"] == scores["accuracy"]
     assert all(r["completion"] for r in rows)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--policy-logprob", "trajectory"], "--policy-logprob trajectory is LLaDA's replay"),
+    (["--mismatch-estimator", "trajectory", "--trajectory-steps", "2"], "--trajectory-steps: Dream's trajectory"),
+    (["--cache", "dual", "--mismatch-estimator", "trajectory"], "--cache dual: Dream's trajectory ratio"),
+], ids=["trajectory-policy", "trajectory-steps", "cached-trajectory-ratio"])
+def test_what_dream_cannot_train_yet_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, flags,
+                                                                                      says):
+    from dllm_ais.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "tiny-dream", *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert not out.exists()

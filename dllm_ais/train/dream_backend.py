@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_ais.config import SamplerConfig
+from dllm_ais.config import SamplerConfig, dream_refusal
 from dllm_ais.train.backend import DiffusionBackend
 from dllm_ais.types import Rollout
 
@@ -27,16 +27,18 @@ LOW_CONFIDENCE_ALG = "maskgit_plus"
 """Dream's alg for --remasking low_confidence when the checkpoint names none: the top-1 probability, LLaDA's rule."""
 
 
-def dream_sampler_config(sampler: SamplerConfig, defaults: dict | None = None):
-    """The DreamSamplerConfig of a SamplerConfig and a checkpoint's Dream sampling settings (module docstring);
-    a setting Dream's sampler lacks is refused in one line."""
+def dream_sampler_config(sampler: SamplerConfig, defaults: dict | None = None, train=None):
+    """The DreamSamplerConfig of a SamplerConfig and a checkpoint's Dream sampling settings (module docstring).
+    `train` (a TrainConfig, None when sampling): what Dream cannot train yet is refused first, in one line
+    (config.dream_refusal, which Preset also applies before anything is written)."""
     from dllm_ais.samplers.dream import DreamSamplerConfig
 
+    likelihoods = ("one_step", "elbo", None) if train is None else (train.policy_logprob, train.mismatch_estimator,
+                                                                    train.trajectory_steps)
+    why = dream_refusal(sampler, *likelihoods)
+    if why:
+        raise ValueError(why)
     defaults = defaults or {}
-    if sampler.cfg_scale:
-        raise ValueError(f"--cfg-scale {sampler.cfg_scale}: Dream's sampler has no classifier-free guidance; drop it.")
-    if sampler.max_commit_per_step is not None:
-        raise ValueError("--max-commit-per-step is LLaDA's threshold cap; Dream's sampler has none: drop it.")
     alg = "origin" if sampler.remasking == "random" else defaults.get("alg", LOW_CONFIDENCE_ALG)
     one_block = sampler.cache == "none" and sampler.block_length == sampler.gen_length
     return DreamSamplerConfig(gen_length=sampler.gen_length, steps=sampler.steps, alg=alg,
@@ -51,17 +53,6 @@ class DreamBackend(DiffusionBackend):
 
     dream: object = None
     """The DreamSamplerConfig rollouts use (`dream_sampler_config`)."""
-
-    def __post_init__(self):
-        if self.policy_logprob == "trajectory":
-            raise ValueError("--policy-logprob trajectory is LLaDA's replay; for Dream use one_step or a mask-draw "
-                             "likelihood (elbo, coupled, spg).")
-        if self.mismatch_estimator == "trajectory":
-            if self.dream.cache != "none":
-                raise ValueError(f"--cache {self.dream.cache} with Dream: its trajectory ratio replays the uncached "
-                                 "schedule only; train with --cache none.")
-            if self.trajectory_steps is not None:
-                raise ValueError("--trajectory-steps: Dream's trajectory ratio replays every step; drop it.")
 
     @property
     def uses_trajectory(self) -> bool:

@@ -130,7 +130,7 @@ def _dream_backend(sampler, model, tokenizer, train=None):
     """Dream: its sampler with the checkpoint's alg / alg_temp / top_p / top_k (train/dream_backend.py)."""
     from dllm_ais.train.dream_backend import DreamBackend, dream_sampler_config
 
-    dream = dream_sampler_config(sampler, getattr(model, "sampling_defaults", None))
+    dream = dream_sampler_config(sampler, getattr(model, "sampling_defaults", None), train)
     return _diffusion_backend(DreamBackend, sampler, model, train, dream=dream)
 
 
