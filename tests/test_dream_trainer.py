@@ -212,3 +212,33 @@ def test_what_dream_cannot_train_yet_is_refused_in_one_line_before_anything_is_w
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_dream_trains_lora_adapters_on_the_block_linears(tmp_path, monkeypatch):
+    """--lora-r on a Dream: peft wraps the seven block linears of every layer (dream.lora_target_regex), the run
+    saves an adapter, and the fused FP8 copy is synced from the merged weights."""
+    from dllm_ais import metrics as M
+    from dllm_ais.fp8 import quantize_model
+    from dllm_ais.train.job import run_training
+    from dllm_ais.train.run_dir import RunDir
+
+    (tmp_path / "graded_dream_reward.py").write_text(  # graded, so that groups have spread and the step moves
+        "def reward(prompts, completions, **columns):\n"
+        "    texts = [c if isinstance(c, str) else c[0]['content'] for c in completions]  # TRL: chat form\n"
+        "    return [1.0 + sum(ch.isdigit() for ch in c) / 4 for c in texts]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = get_preset("tiny-dream")
+    p = replace(p, train=replace(p.train, steps=1, prompts_per_step=2, sft_steps=0, lora_r=4, lora_alpha=8.0,
+                                 learning_rate=1e-2, reward_fn="graded_dream_reward:reward"),
+                grpo=replace(p.grpo, num_generations=4))
+    trainer = run_training(p, tmp_path / "run", progress=False)
+    lora = {n for n, _ in trainer.master.named_modules() if n.endswith("lora_A")}
+    assert len(lora) == 2 * 7 and not any("lm_head" in n for n in lora)
+    assert (RunDir(tmp_path / "run").latest() / "adapter" / "adapter_model.safetensors").is_file()
+    x = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fresh = quantize_model(trainer.master, backend="torch")(x).logits
+        assert torch.equal(trainer.rollout_model(x).logits, fresh)
+        base = quantize_model(tiny_dream_model(seed=0), backend="torch")(x).logits
+    assert not torch.equal(fresh, base)  # the adapters moved the copy
+    assert M.read_metrics(tmp_path / "run")[0][M.REWARD_MEAN] >= 1.0  # the graded reward was used
