@@ -47,6 +47,24 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.dtype={self.dtype!r}: use one of {', '.join(DTYPES)}.")
 
 
+def dream_refusal(s: SamplerConfig, policy_logprob: str, mismatch_estimator: str, trajectory_steps: int | None
+                  ) -> str | None:
+    """What Dream's trainer backend (train/dream_backend.py) cannot do yet, in one line, or None."""
+    for bad, why in ((policy_logprob == "trajectory", "--policy-logprob trajectory is LLaDA's replay; use one_step or "
+                      "a mask-draw likelihood (elbo, coupled, spg)"),
+                     (mismatch_estimator == "trajectory" and s.cache != "none", f"--cache {s.cache}: Dream's "
+                      "trajectory ratio replays the uncached schedule only; use --cache none"),
+                     (trajectory_steps is not None, "--trajectory-steps: Dream's trajectory ratio replays every "
+                      "step; drop it"),
+                     (s.cfg_scale != 0, "--cfg-scale: Dream's sampler has no classifier-free guidance; drop it"),
+                     (s.max_commit_per_step is not None, "--max-commit-per-step is LLaDA's threshold cap; drop it"),
+                     (s.cache == "none" and s.block_length != s.gen_length, f"--block-length {s.block_length} "
+                      "needs --cache prefix or dual (Dream's own generate has one block); or set it to --gen-length")):
+        if bad:
+            return f"Dream: {why}."
+    return None
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """Masked-diffusion sampling (LLaDA `generate` semantics)."""
@@ -358,6 +376,10 @@ class Preset:
         if self.model.family in ("llada", "dream"):  # the diffusion families
             self._check_mismatch_estimator()
             self._check_policy_logprob()
+        if self.model.family == "dream" and (why := dream_refusal(self.sampler, self.train.policy_logprob,
+                                                                  self.train.mismatch_estimator,
+                                                                  self.train.trajectory_steps)):
+            raise ValueError(why)
         if self.grpo.max_completion_length < self.sampler.gen_length:
             object.__setattr__(self, "grpo", replace(self.grpo, max_completion_length=self.sampler.gen_length))
 
@@ -433,11 +455,11 @@ def _d1(name: str, task: str, description: str) -> Preset:
 
 
 def _dream(name: str, task: str, description: str) -> Preset:
-    """Dream-v0-Instruct-7B with d1's RL settings and canvas (256 tokens, block 32, 128 steps) so its plan compares
+    """Dream-v0-Instruct-7B with d1's RL settings and canvas (256 tokens, 128 steps; one block) so its plan compares
     with llada-8b-gsm8k's like for like; `dllm-ais plan` counts it (about 7.6 B parameters, GQA KV cache)."""
-    d1 = _d1(name, task, description)
+    d1 = _d1(name, task, description)  # one block of 256 (Dream's own generate has no blocks), 128 steps
     return replace(d1, model=ModelConfig(family="dream", path="Dream-org/Dream-v0-Instruct-7B", dtype="bfloat16",
-                                         device="cuda"))
+                                         device="cuda"), sampler=replace(d1.sampler, block_length=256))
 
 
 def _qwen(name: str, task: str, description: str) -> Preset:
@@ -484,6 +506,15 @@ PRESETS: dict[str, Preset] = {
                            prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=5, num_iterations=2)),
+        # tiny-dream: tiny-cpu's recipe on the tiny built-in Dream (models/tiny.py; shifted logits, Dream's sampler
+        # and schedule, its fused FP8 rollout copy) at lr 5e-4 (2e-4: +0.23 in 120 steps; SFT 100: starts at 0.80,
+        # little left to learn); one seed, docs/cpu.md ("The tiny-dream preset").
+        Preset("tiny-dream", "Tiny built-in Dream on CPU: SFT warm-up on digits, then AIS-GRPO with FP8 rollouts.",
+               ModelConfig(family="dream"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
+               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
+                           prompts_per_step=16, learning_rate=5e-4, sft_steps=35, mismatch_num_draws=2),
+               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
+                          max_completion_length=5, num_iterations=2)),
         # tiny-cpu-justgrpo: tiny-cpu decoded left to right (block length 1: one position per block, each step
         # commits it), so the trajectory likelihood is the exact autoregressive factorisation JustGRPO trains on
         # (tests/test_trajectory_merge.py checks it equals the product of the conditionals); the mismatch ratio is
@@ -526,8 +557,7 @@ PRESETS: dict[str, Preset] = {
         _d1("llada-8b-math", "math500", "LLaDA-8B-Instruct AIS-GRPO on MATH, d1's settings (--data MATH train file)."),
         _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural), d1's settings."),
         _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
-        _dream("dream-7b-gsm8k", "gsm8k", "Dream-v0-Instruct-7B AIS-GRPO on GSM8K, d1's settings (dllm-ais plan; "
-               "training needs the Dream sampler)."),
+        _dream("dream-7b-gsm8k", "gsm8k", "Dream-v0-Instruct-7B AIS-GRPO on GSM8K, d1's settings (one block of 256)."),
         # tiny-qwen: was arith with 300 SFT steps (5.5 of 6.2 minutes in SFT, reward falling over the RL steps); now
         # tiny-cpu's recipe (digits shift, SFT 40 steps, β 0.04) at lr 1e-3, one seed measured (docs/cpu.md, Qwen).
         Preset("tiny-qwen", "Tiny autoregressive Qwen3 on CPU: SFT warm-up on digits, AIS-GRPO with FP8 rollouts.",

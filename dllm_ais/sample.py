@@ -50,8 +50,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold,
                            cuda_graphs=args.cuda_graphs)
-    if model_cfg.family != "llada" and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
-        raise ValueError("--cache/--threshold apply to diffusion (LLaDA) sampling only; drop them for this model.")
+    if model_cfg.family == "qwen" and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
+        raise ValueError("--cache/--threshold apply to diffusion (LLaDA, Dream) sampling only; drop them for this "
+                         "model.")
     if args.fp8 and args.fp4:
         raise ValueError("use --fp8 or --fp4, not both")
     if args.fp8:

@@ -19,6 +19,25 @@ from .dream import DreamConfig, DreamModel
 
 DREAM_MODEL_TYPES = ("Dream", "dream")
 """config.json `model_type` values of a Dream checkpoint (the official one is "Dream")."""
+DREAM_ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+"""Dream's `alg` values (generation_utils.py `sample_tokens`); likelihood/dream_selection.py reads them from here."""
+SAMPLING_KEYS = ("alg", "alg_temp", "top_p", "top_k")
+"""Dream generation settings a checkpoint's generation_config.json may fix (DreamGenerationConfig's names)."""
+
+
+def read_dream_sampling(path: str | os.PathLike) -> dict:
+    """The Dream sampling settings `path/generation_config.json` sets ({} when none), checked: an unknown `alg` or
+    `alg_temp` < 0 is refused in one line (CheckpointError), before anything is loaded or written."""
+    gen_file = Path(path) / "generation_config.json"
+    data = _read_json(gen_file)
+    found = {k: data[k] for k in SAMPLING_KEYS if data.get(k) is not None}
+    if "alg" in found and found["alg"] not in DREAM_ALGORITHMS:
+        raise CheckpointError(f"{gen_file}: alg={found['alg']!r} is not a Dream algorithm; set it to one of "
+                              f"{', '.join(DREAM_ALGORITHMS)}.")
+    if "alg_temp" in found and not (isinstance(found["alg_temp"], (int, float)) and found["alg_temp"] >= 0):
+        raise CheckpointError(f"{gen_file}: alg_temp={found['alg_temp']!r} must be a number >= 0 (0 = the most "
+                              "confident positions); fix it.")
+    return found
 
 
 def read_dream_config(path: str | os.PathLike) -> DreamConfig:
@@ -64,7 +83,9 @@ def load_dream(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
                                f"a Dream model with {config.num_hidden_layers} layers", optional=tied)
     if tied:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    sampling = read_dream_sampling(path)
     model.load_state_dict(state, strict=True, assign=True)
     if tied:
         model.tie_weights()
+    model.sampling_defaults = sampling  # the checkpoint's alg / alg_temp / top_p / top_k (train/dream_backend.py)
     return model.eval()

@@ -1,4 +1,5 @@
-"""One trainer code path for both backends: the tiny LLaDA and the tiny Qwen train through the same function."""
+"""One trainer code path for every backend: the tiny LLaDA, the tiny Dream and the tiny Qwen train through the same
+function."""
 
 import json
 import math
@@ -39,7 +40,7 @@ def reward_fn(tmp_path, monkeypatch):
     return f"{name}:reward"
 
 
-@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-qwen"])
+@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-dream", "tiny-qwen"])
 def test_both_backends_train_through_one_code_path(tmp_path, reward_fn, preset):
     out = tmp_path / "run"
     rows = train_briefly(preset, out, reward_fn)
@@ -53,7 +54,7 @@ def test_both_backends_train_through_one_code_path(tmp_path, reward_fn, preset):
     assert any(not torch.equal(start[k], end[k]) for k in start), "the policy must move"
 
 
-@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-qwen"])
+@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-dream", "tiny-qwen"])
 def test_bf16_rollouts_give_unit_weights(tmp_path, reward_fn, preset):
     rows = train_briefly(preset, tmp_path / "run", reward_fn, rollout_precision="bf16")
     for row in rows:
@@ -70,6 +71,11 @@ def test_backend_choice_follows_the_family():
     qwen = family("qwen").backend(q.sampler, *family("qwen").load(q.model))
     assert isinstance(llada, DiffusionBackend) and not llada.is_causal
     assert isinstance(qwen, AutoregressiveBackend) and qwen.is_causal
+    from dllm_ais.train.dream_backend import DreamBackend
+
+    d = get_preset("tiny-dream")
+    dream = family("dream").backend(d.sampler, *family("dream").load(d.model))
+    assert isinstance(dream, DreamBackend) and not dream.is_causal and type(llada) is DiffusionBackend
 
 
 def test_ar_mismatch_is_exact_token_log_ratio():
@@ -93,10 +99,10 @@ def test_ar_mismatch_is_exact_token_log_ratio():
 
 
 def test_eval_runs_for_both_families(tmp_path):
-    """`dllm-ais eval` on a Qwen run's checkpoint and on a LLaDA run's, through the same evaluate()."""
+    """`dllm-ais eval` on a Qwen run's checkpoint, a Dream run's and a LLaDA run's, through the same evaluate()."""
     from dllm_ais.analysis.evaluate import evaluate, load_for_eval
 
-    for preset in ("tiny-cpu", "tiny-qwen"):
+    for preset in ("tiny-cpu", "tiny-dream", "tiny-qwen"):
         out = tmp_path / preset
         p = get_preset(preset)
         p = replace(p, train=replace(p.train, steps=1, prompts_per_step=1, sft_steps=2, sft_batch_size=4),

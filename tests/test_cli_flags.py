@@ -364,3 +364,17 @@ def test_tiny_qwen_preset_learns_within_a_minute(tmp_path):
     rewards = [r[M.REWARD_MEAN] for r in M.read_metrics(tmp_path / "run")]
     first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
     assert len(rewards) == 60 and last > first + 0.05, (first, last)
+
+
+@pytest.mark.slow
+def test_tiny_dream_preset_learns_in_its_first_40_steps(tmp_path):
+    """tiny-dream (the whole 120-step run takes ~3 minutes on CPU: docs/cpu.md) raises the reward within its first 40
+    RL steps: the last 10 steps' mean reward beats the first 10 steps'; deterministic for seed 0 on CPU (one seed)."""
+    from dllm_ais import metrics as M
+    from dllm_ais.train.job import run_training
+
+    p = get_preset("tiny-dream")
+    run_training(replace(p, train=replace(p.train, steps=40)), tmp_path / "run", progress=False)
+    rewards = [r[M.REWARD_MEAN] for r in M.read_metrics(tmp_path / "run")]
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert len(rewards) == 40 and last > first + 0.04, (first, last)

@@ -33,6 +33,11 @@ def _canvas(seed: int = 0):
     return torch.where(m, x, 1), m
 
 
+def _walker(model):
+    """The walker copy (quantize_model's default for a Dream is the fused one: see the last test)."""
+    return quantize_model(model, backend="torch", exclude=lambda name: False)
+
+
 def _master(dtype):
     # hidden 128 so every weight spans whole and partial 128-blocks (k/v: 64 rows, a ragged block)
     return tiny_dream_model(seed=2, dtype=dtype, hidden_size=128, intermediate_size=256, num_attention_heads=4,
@@ -41,7 +46,7 @@ def _master(dtype):
 
 def test_fp8_copy_quantises_every_block_linear_and_keeps_the_rest():
     master = _master(torch.float32)
-    copy = quantize_model(master, backend="torch")
+    copy = _walker(master)
     assert isinstance(copy, DreamModel) and is_shifted(copy)
     fp8 = {n for n, m in copy.named_modules() if isinstance(m, FP8Linear)}
     attn = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -59,7 +64,7 @@ def test_fp8_copy_quantises_every_block_linear_and_keeps_the_rest():
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_fp8_copy_equals_its_torch_twin(dtype):
     master = _master(dtype)
-    copy = quantize_model(master, backend="torch")
+    copy = _walker(master)
     x, m = _canvas()
     with torch.no_grad():
         got = copy(x, m).logits.float()
@@ -73,7 +78,7 @@ def test_fp8_copy_equals_its_torch_twin(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_fp8_sync_after_an_optimizer_step_equals_a_fresh_quantisation(dtype):
     master = _master(dtype)
-    rollout = quantize_model(master, backend="torch")
+    rollout = _walker(master)
     ptrs = {n: t.data_ptr() for n, t in rollout.state_dict().items()}
     x, m = _canvas()
     with torch.no_grad():
@@ -85,7 +90,7 @@ def test_fp8_sync_after_an_optimizer_step_equals_a_fresh_quantisation(dtype):
     opt.step()
     master.eval()
     sync_weights(master, rollout)
-    fresh = quantize_model(master, backend="torch")
+    fresh = _walker(master)
     with torch.no_grad():
         synced, expected = rollout(x, m).logits, fresh(x, m).logits
     assert torch.equal(synced, expected) and not torch.equal(synced, stale)
@@ -96,7 +101,7 @@ def test_fp8_sync_after_an_optimizer_step_equals_a_fresh_quantisation(dtype):
 
 
 def test_fp8_copy_kv_cache_window_equals_its_full_forward():
-    copy = quantize_model(_master(torch.float32), backend="torch")
+    copy = _walker(_master(torch.float32))
     x, m = _canvas()
     cache = KVCache.for_model(copy, *x.shape)
     with torch.no_grad():
@@ -162,8 +167,21 @@ def test_lora_wrapped_dream_keeps_the_shift_and_its_fp8_copy_merges_the_adapters
             if "lora_B" in n:
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
     assert isinstance(logits_view(wrapped), ShiftedLogits)
-    copy = quantize_model(wrapped, backend="torch")
-    merged = quantize_model(wrapped.merge_and_unload(), backend="torch")
+    copy = _walker(wrapped)
+    merged = _walker(wrapped.merge_and_unload())
     x, m = _canvas()
     with torch.no_grad():
         assert torch.equal(copy(x, m).logits, merged(x, m).logits)
+
+
+def test_default_fp8_copy_is_the_fused_one_and_equals_the_walker_copy():
+    """quantize_model (what the trainer's FP8 rollout copy is) builds fp8/fused_dream.py's copy for a Dream master,
+    and it computes what the walker copy computes."""
+    from dllm_ais.fp8.fused_dream import FusedDream
+
+    master = _master(torch.float32)
+    fused = quantize_model(master, backend="torch")
+    assert isinstance(fused, FusedDream) and is_shifted(fused)
+    x, m = _canvas()
+    with torch.no_grad():
+        assert torch.equal(fused(x, m).logits, _walker(master)(x, m).logits)

@@ -165,6 +165,8 @@ def _preset(**changes):
     (2, {"dtype": "bfloat16"}, "--dtype float32"),  # a sharded bf16 optimizer would lose small updates
     (2, {"dtype": "bfloat16", "lora_r": 8}, None),  # LoRA adapters are fp32
     (2, {"family": "qwen", "lora_r": 8}, "Qwen3"),  # the fused Qwen rollout copy syncs from full weights only
+    (2, {"family": "dream", "lora_r": 8}, "Dream"),  # so does the fused Dream copy
+    (2, {"family": "dream", "lora_r": 8, "rollout_precision": "bf16"}, None),
 ])
 def test_fsdp_refusals(version, changes, refused):
     from dllm_ais.train.fsdp_setup import fsdp_refusals, fsdp_version_from_env

@@ -115,6 +115,8 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         raise ValueError(e.args[0]) from None
     check_protocol(protocol, task_name)
     sampler = replace(sampler, temperature=temperature)
+    if family == "dream" and sampler.cache == "none":  # Dream's own generate has one block (d1's blocks are LLaDA's)
+        sampler = replace(sampler, block_length=sampler.gen_length)
     rows = _load_rows(task, split, data_path, limit, seed, task_config)
     prompts = [r["prompt"] for r in rows] if protocol == "strict" else [d1.user_prompt(task_name, r) for r in rows]
     prefix = d1.ASSISTANT_PREFIX if protocol == "d1" else ""
@@ -557,8 +559,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         samplers = [d1_sampler(L or preset.sampler.gen_length) for L in lengths]
     else:
         samplers = [eval_sampler(preset, L) for L in lengths]
-    if preset.model.family != "llada" and (args.cache not in (None, "none") or args.threshold is not None):
-        raise ValueError("--cache/--threshold apply to diffusion (LLaDA) models only; drop them for this model.")
+    if preset.model.family == "qwen" and (args.cache not in (None, "none") or args.threshold is not None):
+        raise ValueError("--cache/--threshold apply to diffusion (LLaDA, Dream) models only; drop them for this model.")
     samplers = [override(s, cache=args.cache, threshold=args.threshold) for s in samplers]  # None: unchanged
     results = []
     for sampler in samplers:

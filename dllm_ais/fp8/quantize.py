@@ -1,7 +1,8 @@
 """quantize_model: the FP8 rollout COPY of a model, with every `auto` layer resolved to a concrete backend.
 
 An LLaDAModelLM (plain or peft-wrapped) gets the fused inference copy (fp8/fused_llada.py: fused QKV and gate-up
-weights, producers that emit FP8); every other model (Qwen, toy modules) gets a copy in which each block nn.Linear
+weights, producers that emit FP8), a DreamModel its fused copy (fp8/fused_dream.py); every other model (Qwen,
+toy modules) gets a copy in which each block nn.Linear
 (layer selection: walker.quantizable_layers) is an FP8Linear.
 
 `auto` is resolved here, eagerly, when the copy is built (linear.resolve_auto): each layer shape (N, K) is timed once
@@ -33,6 +34,15 @@ def _llada_master(model: nn.Module) -> nn.Module | None:
     return llada_master(model)
 
 
+def _dream_master(model: nn.Module) -> nn.Module | None:
+    """The DreamModel in `model` (itself or under peft), or None; without importing models.dream needlessly."""
+    if "dllm_ais.models.dream" not in sys.modules:
+        return None
+    from .fused_dream import dream_master
+
+    return dream_master(model)
+
+
 @torch.no_grad()
 def quantize_model(
     model: nn.Module,
@@ -48,15 +58,19 @@ def quantize_model(
     Embeddings, norms and everything that is not an nn.Linear are copied unchanged.
     Raises FP8BackendError / FP8LayerError, naming the backend or layer and the alternatives, before copying anything.
 
-    An LLaDAModelLM (plain or peft-wrapped) gets the fused inference copy instead (fp8/fused_llada.py), unless
-    `exclude` is given (then: the per-Linear copy above). backend "auto" is resolved per layer shape for
-    `expected_m` activation rows (module docstring).
+    An LLaDAModelLM (plain or peft-wrapped) gets the fused inference copy instead (fp8/fused_llada.py), a DreamModel
+    fp8/fused_dream.py's, unless `exclude` is given (then: the per-Linear copy above). backend "auto" is resolved
+    per layer shape for `expected_m` activation rows (module docstring).
     """
     check_backend(backend)
     if exclude is None and _llada_master(model) is not None:
         from .fused_llada import build_fused_llada
 
         return build_fused_llada(model, backend, expected_m=expected_m)
+    if exclude is None and _dream_master(model) is not None:
+        from .fused_dream import build_fused_dream
+
+        return build_fused_dream(model, backend, expected_m=expected_m)
 
     def check(name: str, linear: nn.Linear) -> None:
         check_layer_shape(name, linear.in_features, linear.out_features)

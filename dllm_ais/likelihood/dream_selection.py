@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from dllm_ais.likelihood.selection import LOG_ZERO, SelectionRule, _log_floor, confidence_selection_logprob
+from dllm_ais.models.dream_checkpoint import DREAM_ALGORITHMS
 
-ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+ALGORITHMS = DREAM_ALGORITHMS
 """Dream's `alg` values (`confidence_threshold` is Fast-dLLM's threshold decoding: `threshold` here)."""
 MAX_RACE_SET = 16
 """Largest committed set whose alg_temp > 0 selection term is computed (2^|C| inclusion–exclusion terms)."""

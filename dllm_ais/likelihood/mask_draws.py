@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dllm_ais.likelihood.inputs import as_generator, canvas, check_num_draws, check_sequences, max_length_of
 from dllm_ais.likelihood.logprobs import token_logprobs
+from dllm_ais.models.shift import logits_view
 
 QUADRATURE_NODES = (0.5 - 0.5 / math.sqrt(3.0), 0.5 + 0.5 / math.sqrt(3.0))
 """GDPO's 2-point Gauss–Legendre nodes on [0, 1] (weights ½ each)."""
@@ -186,7 +187,7 @@ def _rows_logp(model, inp: torch.Tensor, attn: torch.Tensor, m: torch.Tensor, ta
     M = int(counts.max())
     pos = m.long().argsort(dim=-1, descending=True, stable=True)[:, :M]  # [n, M] masked positions first (distinct)
     valid = torch.arange(M, device=m.device)[None, :] < counts[:, None]  # [n, M]
-    logits = model(input_ids=inp, attention_mask=attn, positions=pos + P).logits  # [n, M, V]
+    logits = logits_view(model)(input_ids=inp, attention_mask=attn, positions=pos + P).logits  # [n, M, V]
     lp = token_logprobs(logits, targets.gather(1, pos)).masked_fill(~valid, 0.0)  # [n, M]
     return torch.zeros(m.shape, dtype=lp.dtype, device=lp.device).scatter(1, pos, lp)  # [n, L]
 

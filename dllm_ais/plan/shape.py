@@ -132,11 +132,19 @@ def _dream_shape(config, name: str) -> ModelShape:
 
 
 def _dream_copy_bytes(config, precision: str, dtype, fp8_backend: str) -> int:
-    """Bytes of Dream's walker rollout copy: each block linear as FP8 codes + fp32 scales (128×128 blocks, or one
-    per row for scaled_mm) + a bf16 bias, or (fp4) dequantised fp32 weights + fp32 bias; the rest in `dtype`."""
+    """Bytes of Dream's rollout copy: fp8, the fused copy the trainer builds (fp8/fused_dream.py, on the meta device:
+    stacked q/k/v and gate/up FP8 codes padded to whole 128-row blocks + fp32 scales, 128×128 blocks or one per row
+    for scaled_mm, + biases; the rest in `dtype`); fp4, the walker copy (dequantised fp32 weights + fp32 bias)."""
     import torch
 
     from dllm_ais.models.dream import DreamModel
+
+    if precision == "fp8":
+        from dllm_ais.fp8.fused_dream import FusedDream
+
+        backend = "scaled_mm" if fp8_backend == "scaled_mm" else "torch"  # the two scale layouts (block, row)
+        copy = FusedDream(config, backend, "meta", dtype)
+        return sum(t.untyped_storage().nbytes() for t in [*copy.parameters(), *copy.buffers()])
 
     with torch.device("meta"):
         model = DreamModel(config)
@@ -147,11 +155,7 @@ def _dream_copy_bytes(config, precision: str, dtype, fp8_backend: str) -> int:
                 n, k = m.weight.shape
                 bias = 0 if m.bias is None else n
                 replaced += m.weight.numel() + bias
-                if precision == "fp4":
-                    total += 4 * (n * k + bias)
-                else:
-                    scales = n if fp8_backend == "scaled_mm" else -(-n // 128) * -(-k // 128)
-                    total += n * k + 4 * scales + 2 * bias
+                total += 4 * (n * k + bias)
     rest = sum(p.numel() for p in model.parameters()) - replaced
     return total + rest * dtype.itemsize
 

@@ -49,6 +49,9 @@ def fsdp_refusals(preset, fsdp_version: int | None) -> str | None:
     if tc.rollout_precision == "fp8" and mc.family == "qwen":
         return ("FSDP with FP8 rollouts of a Qwen3 model is not supported (its fused static-cache copy is synced from "
                 "full weights only); use DDP (distributed_type: MULTI_GPU) with LoRA (--lora-r).")
+    if tc.rollout_precision == "fp8" and mc.family == "dream":
+        return ("FSDP with FP8 rollouts of a Dream model is not supported yet (its fused copy syncs from an unsharded "
+                "master only); use DDP (distributed_type: MULTI_GPU) or --rollout-precision bf16.")
     if tc.policy_logprob == "trajectory":
         return ("--policy-logprob trajectory under FSDP is not supported (the replay's forward count per rank, "
                 "recomputed in backward, differs between ranks); use DDP or --policy-logprob one_step.")

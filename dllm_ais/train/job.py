@@ -42,7 +42,8 @@ def task_rows_and_reward(preset: Preset):
 
 def check_model_source(mc) -> None:
     """Fail before the run directory is created when `mc.path` is not a loadable checkpoint directory (a hub id is
-    fetched here, as loading would). LLaDA: config.json is parsed and validated; Qwen: config.json must exist."""
+    fetched here, as loading would). LLaDA, Dream: config.json (and Dream's generation_config.json) are parsed and
+    validated; Qwen: config.json must exist."""
     if mc.path is None:
         return
     from dllm_ais.models.load import resolve_checkpoint_dir
@@ -52,6 +53,11 @@ def check_model_source(mc) -> None:
         from dllm_ais.models.checkpoint import read_llada_config
 
         read_llada_config(directory)
+    elif mc.family == "dream":  # config (mask_token_id …) and generation settings (alg, alg_temp)
+        from dllm_ais.models.dream_checkpoint import read_dream_config, read_dream_sampling
+
+        read_dream_config(directory)
+        read_dream_sampling(directory)
     elif not (directory / "config.json").is_file():
         raise FileNotFoundError(f"--model {mc.path}: no config.json, so not a checkpoint directory.")
 
@@ -101,7 +107,9 @@ def _load_qwen_family(cfg):
     return load_qwen(path, dtype=dtype, device=cfg.device), load_qwen_tokenizer(path)
 
 
-def _llada_backend(sampler, model, tokenizer, train=None):
+def _diffusion_backend(cls, sampler, model, train=None, **fields):
+    """A diffusion backend (LLaDA's, or a subclass) with the run's likelihood settings from `train` (none when
+    sampling)."""
     from dllm_ais.models.load import stop_token_ids
 
     extra = {} if train is None else dict(p_mask_prompt=train.p_mask_prompt,
@@ -111,7 +119,19 @@ def _llada_backend(sampler, model, tokenizer, train=None):
                                           policy_logprob=train.policy_logprob, likelihood=train.likelihood,
                                           trajectory_selection=train.trajectory_selection,
                                           trajectory_merge=train.trajectory_merge)
-    return DiffusionBackend(sampler, model.config.mask_token_id, stop_token_ids(model), **extra)
+    return cls(sampler, model.config.mask_token_id, stop_token_ids(model), **extra, **fields)
+
+
+def _llada_backend(sampler, model, tokenizer, train=None):
+    return _diffusion_backend(DiffusionBackend, sampler, model, train)
+
+
+def _dream_backend(sampler, model, tokenizer, train=None):
+    """Dream: its sampler with the checkpoint's alg / alg_temp / top_p / top_k (train/dream_backend.py)."""
+    from dllm_ais.train.dream_backend import DreamBackend, dream_sampler_config
+
+    dream = dream_sampler_config(sampler, getattr(model, "sampling_defaults", None), train)
+    return _diffusion_backend(DreamBackend, sampler, model, train, dream=dream)
 
 
 def _qwen_backend(sampler, model, tokenizer, train=None):
@@ -127,7 +147,7 @@ def _qwen_backend(sampler, model, tokenizer, train=None):
 
 
 def family(name: str) -> Family:
-    from dllm_ais.models import checkpoint, llada, load, qwen
+    from dllm_ais.models import checkpoint, dream, dream_checkpoint, llada, load, qwen
 
     families = {
         "llada": Family(load=load.load_model_and_tokenizer,
@@ -138,6 +158,10 @@ def family(name: str) -> Family:
                        lora_targets=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"],
                        backend=_qwen_backend),
+        "dream": Family(load=load.load_model_and_tokenizer,
+                        save=lambda m, tok, d: checkpoint.save_llada(m, d, tokenizer=tok),
+                        load_dir=dream_checkpoint.load_dream, lora_targets=dream.lora_target_regex,
+                        backend=_dream_backend),
     }
     if name not in families:
         raise ValueError(f"model family {name!r} cannot be trained or sampled yet (its sampler backend is missing); "

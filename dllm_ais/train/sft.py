@@ -16,13 +16,15 @@ import torch
 import torch.nn.functional as F
 
 from dllm_ais.atomic import atomic_file
+from dllm_ais.models.shift import logits_view
 from dllm_ais.progress import progress_bar
 from dllm_ais.train.interrupt import Preempted, install_sigint
 
 
 def sft_loss(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
              mask_token_id: int, generator: torch.Generator, eps: float = 1e-3) -> torch.Tensor:
-    """LLaDA SFT loss. prompt_ids/prompt_mask [B, P] (left-padded), completion_ids [B, L] (EOS-padded)."""
+    """LLaDA SFT loss (Dream: through the shifted view). prompt_ids/prompt_mask [B, P] (left-padded),
+    completion_ids [B, L] (EOS-padded)."""
     B, L = completion_ids.shape
     device = completion_ids.device
     t = torch.rand(B, 1, generator=generator, device=device)  # [B, 1]
@@ -31,7 +33,8 @@ def sft_loss(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, complet
     noisy = torch.where(masked, mask_token_id, completion_ids)
     x = torch.cat([prompt_ids, noisy], dim=1)
     attn = torch.cat([prompt_mask.bool(), torch.ones_like(masked)], dim=1)
-    logits = model(input_ids=x, attention_mask=attn, positions=slice(prompt_ids.shape[1], None)).logits  # [B, L, V]
+    view = logits_view(model)  # Dream: position j is read off raw row j − 1 (models/shift.py); LLaDA: the model
+    logits = view(input_ids=x, attention_mask=attn, positions=slice(prompt_ids.shape[1], None)).logits  # [B, L, V]
     nll = F.cross_entropy(logits.float().transpose(1, 2), completion_ids, reduction="none")  # [B, L]
     weighted = torch.where(masked, nll / p_mask, 0.0)
     return weighted.sum() / (B * L)
