@@ -69,6 +69,14 @@ def sentence(rule: str, ck: str, summ: dict) -> str:
     return f"**{rule}, checkpoint {ck}**: lowest MSE " + "; ".join(parts) + "."
 
 
+def _same_as_low_confidence(doc: dict, rule: str, ck: str) -> bool:
+    """Whether `rule` gave exactly the low-confidence sampler's J on every seed at checkpoint ck."""
+    if rule == "low_confidence":
+        return False
+    ms = [doc["per_model"][f"seed{s}/ck{ck}"] for s in doc["config"]["seeds"]]
+    return all(m[rule]["J"] == m["low_confidence"]["J"] for m in ms)
+
+
 def write_readme(doc: dict, path: Path) -> None:
     """The generated README: what was measured, one sentence per sampler and checkpoint, the full table."""
     cfg, summ = doc["config"], doc["summary"]
@@ -84,10 +92,18 @@ def write_readme(doc: dict, path: Path) -> None:
              f"GRPO with group z-scores, G = {cfg['G']}, N = {cfg['N']}; threshold {cfg['threshold']}. "
              "Target g* = ∇J̃ of the sampler used (the exact-likelihood GRPO gradient), intervals: 95 % t over "
              "seeds; 'distinguishable' = the paired t-interval of the per-seed MSE difference excludes 0.", "",
-             "## Answer per sampler", ""]
+             "![MSE vs forward passes](mse_vs_forward_passes.png)", "", "## Answer per sampler", ""]
     for rule in summ:
         for ck in summ[rule]:
-            lines.append(f"- {sentence(rule, ck, summ[rule][ck])}")
+            same = _same_as_low_confidence(doc, rule, ck)
+            lines.append(f"- {sentence(rule, ck, summ[rule][ck])}" + (
+                " At this checkpoint no confidence reaches the threshold on any seed, so this sampler IS the "
+                "low-confidence sampler (identical numbers)." if same else ""))
+    se = [f["mse_mc_se"] / f["mse"] for m in doc["per_model"].values() for r in m.values()
+          for f in r["estimators"].get("spg", {}).values() if f.get("mc_draws")]
+    if se:
+        lines += ["", f"SPG's Monte-Carlo standard error (EUBO, K ≥ 2): at most {100 * max(se):.2g} % of its MSE "
+                  f"(per model; {cfg['spg_replicas']} replicas of {cfg['spg_draws'] // cfg['spg_replicas']} draws)."]
     lines += ["", "## Budgets an estimator cannot take", ""]
     lines += [f"- `{k}`: {v}" for k, v in doc["impossible_budgets"].items()]
     for rule in summ:

@@ -76,11 +76,12 @@ class EstimatorsConfig:
 
 
 def smoke_config() -> EstimatorsConfig:
-    """Seconds: vocabulary 2, L = 3, two seeds, few SPG draws."""
+    """Seconds: vocabulary 2, L = 3, two seeds, few SPG draws; threshold 0.35 so the threshold rule commits in parallel
+    on this barely trained model."""
     testbed = tb.TestbedConfig(vocab=2, prompt_len=1, gen_length=3, num_prompts=2, d_model=16, n_layers=1,
                                n_heads=2, mlp=16)
     return EstimatorsConfig(testbed=testbed, seeds=(0, 1), checkpoints=(0, 5), budgets=(1, 2, 4), spg_draws=256,
-                            spg_replicas=4)
+                            spg_replicas=4, threshold=0.35)
 
 
 def impossible_budgets(L: int, budgets: tuple[int, ...]) -> dict[str, str]:
@@ -292,7 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/estimators", help="output folder (results.json, README.md, figure)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of every code path (tiny settings)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite README.md and the figure from the folder's results.json (no recomputation)")
     args = ap.parse_args(argv)
+    if args.report_only:
+        from dllm_ais.analysis.estimator_report import write_figure, write_readme
+
+        doc = json.loads((Path(args.out) / "results.json").read_text())
+        write_figure(doc, Path(args.out) / "mse_vs_forward_passes.png")
+        write_readme(doc, Path(args.out) / "README.md")
+        return 0
     doc = run(smoke_config() if args.smoke else EstimatorsConfig(), Path(args.out))
     t = doc["timing"]
     print(f"wrote {args.out} in {t['seconds']:.0f} s (load average {t['load_average_start']} -> "
