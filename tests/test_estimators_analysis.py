@@ -129,24 +129,57 @@ def test_coefficient_moments_match_package_draws(scheme):
     assert float(node_mean.abs().sum()) > 0
 
 
-def test_mse_matches_simulated_grpo_batches(bed):
-    """Stratified K = 2: the closed-form MSE = mean over simulated batches (B groups from π, GRPO's own
-    advantages, masks from draw_stratified) of ‖ĝ − g*‖², within 4 standard errors."""
+def _spg_w(draw, sp: D.Space, logp, k, L, positive):
+    """[N, Q] SPG coefficient vectors: L ∂bound/∂log p per row (ELBO for Â > 0, else EUBO), from spg.py itself."""
+    from dllm_ais.likelihood.spg import spg_sequence_logp
+
+    N, K, _ = draw.mask.shape
+    lut = torch.zeros(2 ** sp.P, 2 ** L, L, dtype=torch.long)
+    for (s, m, j), c in sp.a.items():
+        lut[s, m, j] = c
+    sb = (draw.prompt_masked.long() * 2 ** torch.arange(sp.P)).sum(-1)
+    mb = (draw.mask.long() * 2 ** torch.arange(L)).sum(-1)
+    col = lut[sb[..., None], mb[..., None], torch.arange(L)]  # [N, K, L]
+    lp = logp[k[:, None, None], col].clone().requires_grad_(True)
+    spg_sequence_logp(draw, lp, torch.where(positive, 1.0, -1.0)).sum().backward()
+    return torch.zeros(N, len(sp.a), dtype=torch.float64).scatter_add_(1, col.reshape(N, -1),
+                                                                        (L * lp.grad).reshape(N, -1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,K", [("elbo-stratified", 2), ("elbo-antithetic", 2), ("coupled", 3), ("spg", 2)])
+def test_mse_matches_simulated_grpo_batches(bed, name, K):
+    """The closed-form MSE = mean over simulated batches (B groups from π, GRPO's own advantages, masks from the
+    package's draw functions — coupled's t once per batch, antithetic's strata per group, SPG's bound by the sign of
+    Â) of ‖ĝ − g*‖², within 4 standard errors."""
+    from dllm_ais.likelihood.spg import draw_spg
+
     cfg, tg, feats = bed["cfg"], bed["tg"], bed["feats"]
-    L, G, N = cfg.testbed.gen_length, cfg.G, cfg.N
+    L, G, N, P = cfg.testbed.gen_length, cfg.G, cfg.N, cfg.testbed.prompt_len
     B = N // G
-    res = E.closed_forms(bed["masks"][("elbo-stratified", 2)], feats, tg, L, G, N)
-    sp = D.Space(cfg.testbed.prompt_len, L)
+    sp = D.Space(P, L)
+    if name == "spg":
+        reps = D.spg(sp, K, feats.logp_a, 4096, 1, seed=5)
+        res = E.closed_forms(reps[0], feats, tg, L, G, N)
+    else:
+        res = E.closed_forms(bed["masks"][(name, K)], feats, tg, L, G, N)
     n, Y = tg.pi.shape
     values = tg.level.double() / L
+    ones = torch.ones(N, L, dtype=torch.bool)
     g = torch.Generator().manual_seed(1)
     errs = []
-    for _ in range(600):
+    for _ in range(400):
         xs = torch.randint(n, (B,), generator=g)
-        ys = torch.stack([torch.multinomial(tg.pi[x], G, replacement=True, generator=g) for x in xs])  # [B, G]
+        ys = torch.multinomial(tg.pi[xs], G, replacement=True, generator=g)  # [B, G]
         k = (xs[:, None] * Y + ys).reshape(-1)
         adv = group_advantages(values[xs[:, None], ys].reshape(-1).float(), G).adv.double()
-        W = _w_of(draw_stratified(torch.ones(N, L, dtype=torch.bool), 2, g), sp)
+        if name == "spg":
+            draw = draw_spg(ones, K, g, L, torch.ones(N, P, dtype=torch.bool), 0.3)
+            W = _spg_w(draw, sp, feats.logp_a, k, L, adv > 0)
+        else:
+            draw = {"elbo-stratified": lambda: draw_stratified(ones, K, g), "coupled": lambda: draw_coupled(ones, g),
+                    "elbo-antithetic": lambda: draw_antithetic(ones, K, g, G)}[name]()
+            W = _w_of(draw, sp)
         gh = torch.einsum("i,iq,iqp->p", adv / (N * L), W, feats.grad_a[k].double())
         errs.append(float(((gh - tg.g_star) ** 2).sum()))
     e = torch.tensor(errs, dtype=torch.float64)
