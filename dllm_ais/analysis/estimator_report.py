@@ -120,17 +120,19 @@ def write_readme(doc: dict, path: Path) -> None:
 
 
 def write_figure(doc: dict, path: Path) -> None:
-    """MSE (mean over seeds, 95 % t bars) vs forward passes per completion, one line per estimator; one panel per
-    sampler and checkpoint; log-log axes."""
+    """MSE (mean over seeds, 95 % t bars, clipped at the axis where they cross 0) vs forward passes per completion,
+    one line per estimator; one panel per sampler and checkpoint; log-log axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     summ = doc["summary"]
     panels = [(r, ck) for r in summ for ck in summ[r]]
-    fig = Figure(figsize=(5.0 * len(panels), 4.2))
+    cols = 2
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(6.0 * cols, 4.4 * rows))
     FigureCanvasAgg(fig)
     for i, (rule, ck) in enumerate(panels):
-        ax = fig.add_subplot(1, len(panels), i + 1)
+        ax = fig.add_subplot(rows, cols, i + 1)
         for name, budgets in summ[rule][ck]["estimators"].items():
             xs = [f["rows"]["mean"] for f in budgets.values()]
             ys = [f["mse"]["mean"] for f in budgets.values()]
@@ -139,7 +141,7 @@ def write_figure(doc: dict, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("expected forward rows per completion")
-        ax.set_ylabel("MSE of E-GRPO gradient vs g*")
+        ax.set_ylabel("MSE of the GRPO gradient vs g* (log)")
         ax.set_title(f"{rule}, checkpoint {ck}", fontsize=9)
         if i == 0:
             ax.legend(fontsize=7)
