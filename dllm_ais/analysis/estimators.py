@@ -282,9 +282,11 @@ def run(cfg: EstimatorsConfig, out_dir: Path | None, log=print) -> dict:
         from dllm_ais.atomic import atomic_write_text
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out_dir / "results.json", json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        write_figure(doc, out_dir / "mse_vs_forward_passes.png")
-        write_readme(doc, out_dir / "README.md")
+        text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        atomic_write_text(out_dir / "results.json", text)
+        written = json.loads(text)  # README and figure from the file's own order, as --report-only reads it
+        write_figure(written, out_dir / "mse_vs_forward_passes.png")
+        write_readme(written, out_dir / "README.md")
     doc["timing"] = timing
     return doc
 
