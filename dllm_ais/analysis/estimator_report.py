@@ -1,0 +1,150 @@
+"""Summary over seeds, the README table and the figure of the estimator analysis (analysis/estimators.py).
+
+Per sampler, checkpoint, estimator and budget: the mean over model seeds of MSE, bias², tr Var, cosines and rows,
+with a 95 % Student-t interval over seeds. The winner at a budget is the lowest mean MSE; it is "distinguishable"
+from the runner-up when the paired 95 % t-interval of their per-seed MSE difference excludes 0 (the two per-estimator
+intervals overlapping or not is reported too).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from dllm_ais.analysis.study_stats import t_quantile
+
+FIELDS = ("mse", "bias_sq", "trace_var", "cos_g_star", "cos_grad_j", "rows")
+
+
+def interval(xs: list[float]) -> dict:
+    """mean and 95 % t-interval half-width over the values."""
+    n = len(xs)
+    mean = sum(xs) / n
+    if n < 2:
+        return {"mean": mean, "half": math.nan, "n": n}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return {"mean": mean, "half": t_quantile(0.975, n - 1) * sd / math.sqrt(n), "n": n}
+
+
+def summarise(doc: dict) -> dict:
+    """{rule: {checkpoint: {"estimators": {name: {budget: {field: interval}}}, "winners": {budget: ...}}}}."""
+    cfg = doc["config"]
+    out: dict = {}
+    for rule in ("low_confidence", "threshold"):
+        out[rule] = {}
+        for ck in cfg["checkpoints"]:
+            models = [doc["per_model"][f"seed{s}/ck{ck}"][rule] for s in cfg["seeds"]]
+            est: dict = {}
+            for name, budgets in models[0]["estimators"].items():
+                for b in budgets:
+                    vals = {f: [m["estimators"][name][b][f] for m in models] for f in FIELDS}
+                    est.setdefault(name, {})[b] = {f: interval(v) for f, v in vals.items()}
+            winners = {}
+            for b in sorted({b for v in est.values() for b in v}, key=float):
+                ranked = sorted((v[b]["mse"]["mean"], k) for k, v in est.items() if b in v)
+                if len(ranked) < 2:
+                    continue
+                (_, w), (_, r) = ranked[0], ranked[1]
+                diff = interval([m["estimators"][w][b]["mse"] - m["estimators"][r][b]["mse"] for m in models])
+                iw, ir = est[w][b]["mse"], est[r][b]["mse"]
+                overlap = iw["mean"] + iw["half"] >= ir["mean"] - ir["half"]
+                winners[b] = {"winner": w, "runner_up": r, "mse": iw, "runner_up_mse": ir, "overlap": bool(overlap),
+                              "paired_diff": diff, "distinguishable": bool(diff["mean"] + diff["half"] < 0)}
+            out[rule][str(ck)] = {"estimators": est, "winners": winners,
+                                  "J": interval([m["J"] for m in models])}
+    return out
+
+
+def _fmt(iv: dict) -> str:
+    return f"{iv['mean']:.3g} ± {iv['half']:.2g}"
+
+
+def sentence(rule: str, ck: str, summ: dict) -> str:
+    """One sentence: the lowest-MSE estimator at each budget, with its interval and the runner-up's verdict."""
+    parts = []
+    for b, w in summ["winners"].items():
+        verdict = ("distinguishable from" if w["distinguishable"] else "not distinguishable from")
+        parts.append(f"at {b} rows {w['winner']} (MSE {_fmt(w['mse'])}; {verdict} runner-up {w['runner_up']} "
+                     f"{_fmt(w['runner_up_mse'])}, intervals {'overlap' if w['overlap'] else 'disjoint'})")
+    return f"**{rule}, checkpoint {ck}**: lowest MSE " + "; ".join(parts) + "."
+
+
+def _same_as_low_confidence(doc: dict, rule: str, ck: str) -> bool:
+    """Whether `rule` gave exactly the low-confidence sampler's J on every seed at checkpoint ck."""
+    if rule == "low_confidence":
+        return False
+    ms = [doc["per_model"][f"seed{s}/ck{ck}"] for s in doc["config"]["seeds"]]
+    return all(m[rule]["J"] == m["low_confidence"]["J"] for m in ms)
+
+
+def write_readme(doc: dict, path: Path) -> None:
+    """The generated README: what was measured, one sentence per sampler and checkpoint, the full table."""
+    cfg, summ = doc["config"], doc["summary"]
+    t = cfg["testbed"]
+    lines = ["# Which policy likelihood to train with — exact bias², variance and MSE (generated)", "",
+             "Written by `python -m dllm_ais.analysis.estimators --out benchmarks/estimators` (module doc of "
+             "`dllm_ais/analysis/estimators.py` for the method); numbers from `results.json`, figure "
+             "`mse_vs_forward_passes.png`. Everything is exact enumeration except SPG's EUBO at K ≥ 2 "
+             f"({cfg['spg_draws']} Monte-Carlo draws, `_mc_se` fields in results.json).", "",
+             f"Testbed: tiny LLaDA (d_model {t['d_model']}, {t['n_layers']} layer), V_c = {t['vocab']} tokens, "
+             f"prompt length {t['prompt_len']}, L = {t['gen_length']}, {t['num_prompts']} prompts; seeds "
+             f"{list(cfg['seeds'])}; checkpoints {list(cfg['checkpoints'])} (SFT steps, 0 = random init); "
+             f"GRPO with group z-scores, G = {cfg['G']}, N = {cfg['N']}; threshold {cfg['threshold']}. "
+             "Target g* = ∇J̃ of the sampler used (the exact-likelihood GRPO gradient), intervals: 95 % t over "
+             "seeds; 'distinguishable' = the paired t-interval of the per-seed MSE difference excludes 0.", "",
+             "![MSE vs forward passes](mse_vs_forward_passes.png)", "", "## Answer per sampler", ""]
+    for rule in summ:
+        for ck in summ[rule]:
+            same = _same_as_low_confidence(doc, rule, ck)
+            lines.append(f"- {sentence(rule, ck, summ[rule][ck])}" + (
+                " At this checkpoint no confidence reaches the threshold on any seed, so this sampler IS the "
+                "low-confidence sampler (identical numbers)." if same else ""))
+    se = [f["mse_mc_se"] / f["mse"] for m in doc["per_model"].values() for r in m.values()
+          for f in r["estimators"].get("spg", {}).values() if f.get("mc_draws")]
+    if se:
+        lines += ["", f"SPG's Monte-Carlo standard error (EUBO, K ≥ 2): at most {100 * max(se):.2g} % of its MSE "
+                  f"(per model; {cfg['spg_replicas']} replicas of {cfg['spg_draws'] // cfg['spg_replicas']} draws)."]
+    lines += ["", "## Budgets an estimator cannot take", ""]
+    lines += [f"- `{k}`: {v}" for k, v in doc["impossible_budgets"].items()]
+    for rule in summ:
+        for ck, s in summ[rule].items():
+            lines += ["", f"## {rule}, checkpoint {ck} (J = {_fmt(s['J'])})", "",
+                      "| estimator | budget | rows | MSE | bias² | tr Var (N) | cos(E ĝ, g*) | cos(E ĝ, ∇J) |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for name, budgets in s["estimators"].items():
+                for b, f in budgets.items():
+                    lines.append(f"| {name} | {b} | {f['rows']['mean']:.2f} | {_fmt(f['mse'])} | "
+                                 f"{_fmt(f['bias_sq'])} | {_fmt(f['trace_var'])} | {_fmt(f['cos_g_star'])} | "
+                                 f"{_fmt(f['cos_grad_j'])} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_figure(doc: dict, path: Path) -> None:
+    """MSE (mean over seeds, 95 % t bars, clipped at the axis where they cross 0) vs forward passes per completion,
+    one line per estimator; one panel per sampler and checkpoint; log-log axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    summ = doc["summary"]
+    panels = [(r, ck) for r in summ for ck in summ[r]]
+    cols = 2
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(6.0 * cols, 4.4 * rows))
+    FigureCanvasAgg(fig)
+    for i, (rule, ck) in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        for name, budgets in summ[rule][ck]["estimators"].items():
+            xs = [f["rows"]["mean"] for f in budgets.values()]
+            ys = [f["mse"]["mean"] for f in budgets.values()]
+            err = [f["mse"]["half"] for f in budgets.values()]
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, lw=1.2, capsize=2, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("expected forward rows per completion")
+        ax.set_ylabel("MSE of the GRPO gradient vs g* (log)")
+        ax.set_title(f"{rule}, checkpoint {ck}", fontsize=9)
+        if i == 0:
+            ax.legend(fontsize=7)
+    fig.suptitle("Exact MSE = bias² + tr Var (N = 64) per policy likelihood; mean over seeds, 95 % t bars")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
