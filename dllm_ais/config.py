@@ -558,6 +558,9 @@ PRESETS: dict[str, Preset] = {
         _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural), d1's settings."),
         _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
         _dream("dream-7b-gsm8k", "gsm8k", "Dream-v0-Instruct-7B AIS-GRPO on GSM8K, d1's settings (one block of 256)."),
+        _dream("dream-7b-math", "math500", "Dream-v0-Instruct-7B on MATH, d1's settings (--data: MATH train file)."),
+        _dream("dream-7b-countdown", "countdown", "Dream-v0-Instruct-7B on Countdown (procedural), d1's settings."),
+        _dream("dream-7b-sudoku", "sudoku", "Dream-v0-Instruct-7B AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
         # tiny-qwen: was arith with 300 SFT steps (5.5 of 6.2 minutes in SFT, reward falling over the RL steps); now
         # tiny-cpu's recipe (digits shift, SFT 40 steps, β 0.04) at lr 1e-3, one seed measured (docs/cpu.md, Qwen).
         Preset("tiny-qwen", "Tiny autoregressive Qwen3 on CPU: SFT warm-up on digits, AIS-GRPO with FP8 rollouts.",

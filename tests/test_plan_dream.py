@@ -43,3 +43,14 @@ def test_dream_copy_bytes_equal_a_real_copy(precision, backend):
     else:  # torch: 128×128 block scales; scaled_mm: one scale per row (torch._scaled_mm runs on CPU)
         copy = quantize_model(master, backend=backend)
     assert rollout_copy_bytes(cfg, precision, backend) == _bytes(copy)
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "math", "countdown", "sudoku"])
+def test_each_dream_7b_task_preset_is_d1s_settings_on_dream(task):
+    from dllm_ais.plan.predict import make_plan
+
+    dream, llada = get_preset(f"dream-7b-{task}"), get_preset(f"llada-8b-{task}")
+    assert dream.model.family == "dream" and dream.train.task == llada.train.task
+    assert (dream.grpo, dream.train.lora_r) == (llada.grpo, llada.train.lora_r)
+    plan = make_plan(dream, "h100")
+    assert plan.fits and plan.workload.rows == llada.train.prompts_per_step * llada.grpo.num_generations
