@@ -63,7 +63,7 @@ def test_producers_with_float_scalars_compile_when_inductor_types_them_fp64(tabl
     user Triton kernels as fp64; a kernel that feeds them to fp32-only math (`tl.sqrt_rn`) then fails to compile."""
     fp64 = {r.kernel for r in table if r.kernel.endswith(aot.FP64_SUFFIX)}
     # every launch with a float argument has its fp64 row (the row-wise producers share one kernel, so all three do)
-    assert {"rmsnorm_quant/fp64", "rmsnorm_rowquant/fp64", "silu_mul_rowquant/fp64"} <= fp64
+    assert fp64 == {"rmsnorm_quant/fp64", "rmsnorm_rowquant/fp64", "silu_mul_rowquant/fp64", "attn_out_rowquant/fp64"}
 
 
 def test_grouped_weight_quant_fits_128_registers_without_spilling(table):

@@ -62,18 +62,23 @@ def _run_steps(preset, steps: int = 2) -> dict:
     """Trainer.train_step of `preset` on CPU (no SFT), `steps` times (AdamW's states exist from the second on): of the
     last step, the live-byte peak of each trainer stage and of the step, the bytes alive after it, and (stage,
     model, rows, tokens) of every model forward."""
+    from dllm_ais.fp8.fused_dream import FusedDream
     from dllm_ais.fp8.fused_llada import FusedLLaDA
-    from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
-    from dllm_ais.train.job import _llada_backend, task_rows_and_reward
+    from dllm_ais.models.dream import DreamModel
+    from dllm_ais.models.tiny import tiny_dream_model, tiny_model, tiny_tokenizer
+    from dllm_ais.train.job import _dream_backend, _llada_backend, task_rows_and_reward
     from dllm_ais.train.run_dir import RunDir
     from dllm_ais.train.trainer import Policy, Trainer
 
-    model, tok = tiny_model(0, dtype=getattr(torch, preset.model.dtype)), tiny_tokenizer()
+    dream = preset.model.family == "dream"
+    model = (tiny_dream_model if dream else tiny_model)(0, dtype=getattr(torch, preset.model.dtype))
+    tok = tiny_tokenizer()
     _, rows, reward = task_rows_and_reward(preset)
     forwards = []
     with LiveBytes(*model.parameters()) as live, tempfile.TemporaryDirectory() as out:
         stages = _Stages(live)
-        backend = _Sampling(_llada_backend(preset.sampler, model, tok, preset.train), stages)
+        backend = _Sampling((_dream_backend if dream else _llada_backend)(preset.sampler, model, tok, preset.train),
+                            stages)
         policy = Policy(model=model, tokenizer=tok, backend=backend, save_model=None, load_model_state=None)
         trainer = Trainer(preset, policy, RunDir(out), reward, rows, progress=False)
         names = {id(trainer.master): "master", id(trainer.rollout_model): "rollout",
@@ -85,7 +90,7 @@ def _run_steps(preset, steps: int = 2) -> dict:
 
         handles = [m.register_forward_pre_hook(record, with_kwargs=True) for m in
                    {id(m): m for m in (trainer.master, trainer.rollout_model, trainer.ref_model)
-                    if isinstance(m, (LLaDAModelLM, FusedLLaDA))}.values()]
+                    if isinstance(m, (LLaDAModelLM, FusedLLaDA, DreamModel, FusedDream))}.values()]
         for method, label in (("_old_logp", "likelihood"), ("_correction", "likelihood"),
                               ("_ref_logp", "likelihood"), ("_update", "train"), ("_sync_rollout", "sync")):
             setattr(trainer, method, stages.wrap(getattr(trainer, method), label))
@@ -242,3 +247,18 @@ def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
     assert set(got_rows) == set(want_rows)
     for key, rows in want_rows.items():  # an upper bound, and a tight one on this task
         assert 0.85 * rows <= got_rows[key] <= rows, (key, got_rows[key], rows)
+
+
+def test_forward_rows_of_a_dream_step_with_the_trajectory_ratio_are_the_planned_ones():
+    """tiny-dream with the trajectory mismatch ratio: Dream's path replay runs every sampler step on the master and on
+    the FP8 copy (the plan counted the master alone, at LLaDA's head, before)."""
+    base = get_preset("tiny-dream")
+    preset = replace(base, train=replace(base.train, mismatch_estimator="trajectory"))
+    plan = make_plan(preset, "h100", device="cpu")
+    measured = _run_steps(preset, steps=1)
+    got = Counter((phase, model, rows, tokens) for phase, model, rows, tokens in measured["forwards"])
+    want = Counter()
+    for p in step_passes(plan.workload):
+        want[(p.phase, p.model, p.rows, p.tokens)] += p.calls * (2 if p.recompute else 1)
+    assert any("Dream path" in p.what and p.model == "rollout" for p in step_passes(plan.workload))
+    assert got == want

@@ -99,6 +99,8 @@ class Workload:
     """Canvases it scores per sequence and evaluation (module docstring)."""
     trajectory_merge: int = 1
     """--trajectory-merge: consecutive sampler steps scored in one replayed canvas."""
+    family: str = "llada"
+    """Model family (ModelConfig.family): a Dream's trajectory ratio replays every step on master and copy."""
 
     @property
     def canvas(self) -> int:
@@ -225,6 +227,9 @@ def likelihood_passes(w: Workload) -> list[Pass]:
         for model, who in (("master", "π_old"), ("rollout", "μ")):  # same draws; head: the masked positions (≤ L)
             out.append(Pass("likelihood", f"mismatch ELBO of {who} ({w.mismatch_draws} draws)", model, calls, per_call,
                             T, T, L))
+    elif w.mismatch == "trajectory" and w.family == "dream":  # dream_trajectory.path_terms: every step, both models,
+        for model in ("master", "rollout"):                       # logits over the whole completion
+            out.append(Pass("likelihood", "mismatch Dream path replay", model, nfe(w), B, T, T, L))
     elif w.mismatch == "trajectory":  # log μ was recorded by the sampler: only π_old replays
         replayed = w.trajectory_steps if w.trajectory_steps is not None else nfe(w)
         out.append(Pass("likelihood", "mismatch trajectory replay", "master", replayed, B, T, T,
@@ -301,7 +306,8 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     # FSDP full fine-tuning: fp32 shards (16-bit ones are refused), bf16 compute through mixed precision
     param_bytes = 4 if (fsdp and tc.lora_r == 0) else dtype_bytes
     act_bytes = 2 if fsdp else dtype_bytes
-    compiled = device == "cuda" and (sc.compile or sc.cuda_graphs != "off")  # both pad prompts to PROMPT_BUCKET
+    # compiled or graphed LLaDA sampling pads prompts to PROMPT_BUCKET; samplers/dream.py runs eager, unpadded
+    compiled = device == "cuda" and (sc.compile or sc.cuda_graphs != "off") and preset.model.family != "dream"
     policy, merge = tc.policy_logprob, tc.trajectory_merge
     if policy == "trajectory":
         draws = -(-(tc.trajectory_steps if tc.trajectory_steps is not None else sc.steps) // merge)
@@ -317,4 +323,4 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
         num_iterations=gc.num_iterations, beta=gc.beta, mismatch=mismatch_kind(preset),
         mismatch_draws=tc.mismatch_num_draws, trajectory_steps=tc.trajectory_steps, bypass=preset.correction.bypass,
         gpus=gpus, fsdp=fsdp, gradient_checkpointing=gradient_checkpointing, train_steps=tc.steps, policy=policy,
-        policy_draws=draws, trajectory_merge=merge)
+        policy_draws=draws, trajectory_merge=merge, family=preset.model.family)

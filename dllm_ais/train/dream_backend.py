@@ -67,7 +67,7 @@ class DreamBackend(DiffusionBackend):
 
     def trajectory_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
         """ℓ = log P_old(path) − log P_μ(path): [B, L] per token (token terms and shared selection terms) or [B]
-        exact (sequence level)."""
+        (sequence level); exact with `trajectory_selection`, the committed tokens' terms only without it."""
         mask = rollout.completion_mask
         if model_old is model_rollout:  # BF16 rollouts without a cache: μ = π_old on every canvas
             zeros = torch.zeros(mask.shape, device=mask.device)
