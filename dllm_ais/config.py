@@ -58,6 +58,7 @@ def dream_refusal(s: SamplerConfig, policy_logprob: str, mismatch_estimator: str
                       "step; drop it"),
                      (s.cfg_scale != 0, "--cfg-scale: Dream's sampler has no classifier-free guidance; drop it"),
                      (s.max_commit_per_step is not None, "--max-commit-per-step is LLaDA's threshold cap; drop it"),
+                     (s.cuda_graphs == "on", "--cuda-graphs on: Dream's sampler runs eager (no graphs yet); use auto"),
                      (s.cache == "none" and s.block_length != s.gen_length, f"--block-length {s.block_length} "
                       "needs --cache prefix or dual (Dream's own generate has one block); or set it to --gen-length")):
         if bad:

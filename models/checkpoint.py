@@ -189,7 +189,9 @@ def save_llada(model, path: str | os.PathLike, tokenizer=None,
     only at the end).
 
     `tokenizer` (if given) is saved beside the weights; `source_dir` is an official directory whose remaining files
-    (remote-code .py, tokenizer and generation configs) are copied so the output opens wherever the input did.
+    (remote-code .py, tokenizer and generation configs) are copied so the output opens wherever the input did. A
+    Dream's checkpoint sampling settings (`model.sampling_defaults`) are written as generation_config.json when no
+    source file gave one, so the saved model samples as the run did.
     """
     path = Path(path)
     with atomic_dir(path) as tmp:
@@ -199,6 +201,9 @@ def save_llada(model, path: str | os.PathLike, tokenizer=None,
                     shutil.copy2(f, tmp / f.name)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        sampling = getattr(model, "sampling_defaults", None)  # a Dream's alg / alg_temp / top_p / top_k
+        if sampling and not (tmp / "generation_config.json").exists():
+            (tmp / "generation_config.json").write_text(json.dumps(sampling, indent=2, sort_keys=True) + "\n")
         model.config.architectures = [getattr(model, "hub_architecture", "LLaDAModelLM")]
         model.config.to_json_file(str(tmp / "config.json"))
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}

@@ -202,7 +202,9 @@ def test_eval_protocol_d1_on_dream_generations(tmp_path):
     (["--policy-logprob", "trajectory"], "--policy-logprob trajectory is LLaDA's replay"),
     (["--mismatch-estimator", "trajectory", "--trajectory-steps", "2"], "--trajectory-steps: Dream's trajectory"),
     (["--cache", "dual", "--mismatch-estimator", "trajectory"], "--cache dual: Dream's trajectory ratio"),
-], ids=["trajectory-policy", "trajectory-steps", "cached-trajectory-ratio"])
+    (["--threshold", "0.9", "--mismatch-estimator", "trajectory"], "threshold decoding is Fast-dLLM's cached"),
+    (["--cuda-graphs", "on"], "--cuda-graphs on: Dream's sampler runs eager"),
+], ids=["trajectory-policy", "trajectory-steps", "cached-trajectory-ratio", "threshold-without-cache", "graphs-on"])
 def test_what_dream_cannot_train_yet_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, flags,
                                                                                       says):
     from dllm_ais.cli import main
@@ -242,3 +244,19 @@ def test_dream_trains_lora_adapters_on_the_block_linears(tmp_path, monkeypatch):
         base = quantize_model(tiny_dream_model(seed=0), backend="torch")(x).logits
     assert not torch.equal(fresh, base)  # the adapters moved the copy
     assert M.read_metrics(tmp_path / "run")[0][M.REWARD_MEAN] >= 1.0  # the graded reward was used
+
+
+def test_a_saved_dream_keeps_its_checkpoint_sampling_settings(tmp_path):
+    """The family's save writes the checkpoint's alg / alg_temp / top_p / top_k as generation_config.json, so the run's
+    saved model (SFT cache, final weights) samples as the run did when eval or sample reload it."""
+    from dllm_ais.models.dream_checkpoint import read_dream_sampling
+    from dllm_ais.train.job import family
+
+    model = tiny_dream_model(seed=0)
+    model.sampling_defaults = {"alg": "entropy", "alg_temp": 0.25, "top_p": 0.9, "top_k": 7}
+    fam = family("dream")
+    fam.save(model, tiny_tokenizer(), tmp_path / "m")
+    assert read_dream_sampling(tmp_path / "m") == model.sampling_defaults
+    again = fam.load_dir(tmp_path / "m", dtype=torch.float32, device="cpu")
+    assert again.sampling_defaults == model.sampling_defaults
+    assert _backend(get_preset("tiny-dream").sampler, again).dream.alg == "entropy"

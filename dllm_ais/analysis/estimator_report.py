@@ -1,7 +1,8 @@
 """Summary over seeds, the README table and the figure of the estimator analysis (analysis/estimators.py).
 
 Per sampler, checkpoint, estimator and budget: the mean over model seeds of MSE, bias², tr Var, cosines and rows,
-with a 95 % Student-t interval over seeds. The winner at a budget is the lowest mean MSE; it is "distinguishable"
+with a 95 % Student-t interval over seeds. The winner at a budget of b forward rows per completion is the lowest mean
+MSE among the estimators' settings whose mean rows (measured, not nominal K) are ≤ b; it is "distinguishable"
 from the runner-up when the paired 95 % t-interval of their per-seed MSE difference excludes 0 (the two per-estimator
 intervals overlapping or not is reported too).
 """
@@ -40,15 +41,21 @@ def summarise(doc: dict) -> dict:
                     vals = {f: [m["estimators"][name][b][f] for m in models] for f in FIELDS}
                     est.setdefault(name, {})[b] = {f: interval(v) for f, v in vals.items()}
             winners = {}
-            for b in sorted({b for v in est.values() for b in v}, key=float):
-                ranked = sorted((v[b]["mse"]["mean"], k) for k, v in est.items() if b in v)
+            for b in (str(b) for b in cfg["budgets"]):
+                # equal forward passes: each estimator at its best setting whose mean rows per completion fit b
+                # (antithetic's empty halves, coupled's skipped canvases and a threshold's shorter paths cost less)
+                best = {k: min((v[kb]["mse"]["mean"], kb) for kb in v if v[kb]["rows"]["mean"] <= float(b) + 1e-9)
+                        for k, v in est.items() if any(v[kb]["rows"]["mean"] <= float(b) + 1e-9 for kb in v)}
+                ranked = sorted((mse, k, kb) for k, (mse, kb) in best.items())
                 if len(ranked) < 2:
                     continue
-                (_, w), (_, r) = ranked[0], ranked[1]
-                diff = interval([m["estimators"][w][b]["mse"] - m["estimators"][r][b]["mse"] for m in models])
-                iw, ir = est[w][b]["mse"], est[r][b]["mse"]
+                (_, w, bw), (_, r, br) = ranked[0], ranked[1]
+                diff = interval([m["estimators"][w][bw]["mse"] - m["estimators"][r][br]["mse"] for m in models])
+                iw, ir = est[w][bw]["mse"], est[r][br]["mse"]
                 overlap = iw["mean"] + iw["half"] >= ir["mean"] - ir["half"]
                 winners[b] = {"winner": w, "runner_up": r, "mse": iw, "runner_up_mse": ir, "overlap": bool(overlap),
+                              "winner_budget": bw, "winner_rows": est[w][bw]["rows"]["mean"],
+                              "runner_up_budget": br, "runner_up_rows": est[r][br]["rows"]["mean"],
                               "paired_diff": diff, "distinguishable": bool(diff["mean"] + diff["half"] < 0)}
             out[rule][str(ck)] = {"estimators": est, "winners": winners,
                                   "J": interval([m["J"] for m in models])}
@@ -64,7 +71,8 @@ def sentence(rule: str, ck: str, summ: dict) -> str:
     parts = []
     for b, w in summ["winners"].items():
         verdict = ("distinguishable from" if w["distinguishable"] else "not distinguishable from")
-        parts.append(f"at {b} rows {w['winner']} (MSE {_fmt(w['mse'])}; {verdict} runner-up {w['runner_up']} "
+        parts.append(f"at ≤ {b} rows {w['winner']} (K = {w['winner_budget']}, {w['winner_rows']:.2g} rows; MSE "
+                     f"{_fmt(w['mse'])}; {verdict} runner-up {w['runner_up']} (K = {w['runner_up_budget']}) "
                      f"{_fmt(w['runner_up_mse'])}, intervals {'overlap' if w['overlap'] else 'disjoint'})")
     return f"**{rule}, checkpoint {ck}**: lowest MSE " + "; ".join(parts) + "."
 

@@ -257,7 +257,7 @@ def _replica_mean(figs: list[dict], draws_each: int) -> dict:
 
 def run(cfg: EstimatorsConfig, out_dir: Path | None, log=print) -> dict:
     """Every seed and checkpoint; writes results.json, README.md and the figure into out_dir (None: nothing)."""
-    from dllm_ais.analysis.estimator_report import summarise, write_figure, write_readme
+    from dllm_ais.analysis.estimator_report import summarise
 
     torch.set_num_threads(1)
     t0, load0 = time.perf_counter(), os.getloadavg()
@@ -279,16 +279,22 @@ def run(cfg: EstimatorsConfig, out_dir: Path | None, log=print) -> dict:
     timing = {"seconds": time.perf_counter() - t0, "load_average_start": load0, "load_average_end": os.getloadavg(),
               "threads": 1}
     if out_dir is not None:
-        from dllm_ais.atomic import atomic_write_text
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-        atomic_write_text(out_dir / "results.json", text)
-        written = json.loads(text)  # README and figure from the file's own order, as --report-only reads it
-        write_figure(written, out_dir / "mse_vs_forward_passes.png")
-        write_readme(written, out_dir / "README.md")
+        write_outputs(doc, out_dir)
     doc["timing"] = timing
     return doc
+
+
+def write_outputs(doc: dict, out_dir: Path) -> None:
+    """results.json (atomic), then README.md and the figure from the file's own order, as --report-only reads it."""
+    from dllm_ais.analysis.estimator_report import write_figure, write_readme
+    from dllm_ais.atomic import atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    atomic_write_text(out_dir / "results.json", text)
+    written = json.loads(text)
+    write_figure(written, out_dir / "mse_vs_forward_passes.png")
+    write_readme(written, out_dir / "README.md")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,14 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/estimators", help="output folder (results.json, README.md, figure)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of every code path (tiny settings)")
     ap.add_argument("--report-only", action="store_true",
-                    help="rewrite README.md and the figure from the folder's results.json (no recomputation)")
+                    help="re-summarise the folder's results.json (its per-model numbers are kept) and rewrite it, "
+                    "README.md and the figure (no recomputation)")
     args = ap.parse_args(argv)
     if args.report_only:
-        from dllm_ais.analysis.estimator_report import write_figure, write_readme
+        from dllm_ais.analysis.estimator_report import summarise
 
         doc = json.loads((Path(args.out) / "results.json").read_text())
-        write_figure(doc, Path(args.out) / "mse_vs_forward_passes.png")
-        write_readme(doc, Path(args.out) / "README.md")
+        doc["summary"] = summarise(doc)
+        write_outputs(doc, Path(args.out))
         return 0
     doc = run(smoke_config() if args.smoke else EstimatorsConfig(), Path(args.out))
     t = doc["timing"]

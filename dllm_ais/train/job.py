@@ -62,6 +62,22 @@ def check_model_source(mc) -> None:
         raise FileNotFoundError(f"--model {mc.path}: no config.json, so not a checkpoint directory.")
 
 
+def check_dream_sampler(preset) -> None:
+    """A Dream's sampler settings (the preset's with the checkpoint's alg / alg_temp / top_p / top_k) built and checked
+    before the run directory exists: e.g. --threshold without a cache is refused here, not after the first write."""
+    if preset.model.family != "dream":
+        return
+    from dllm_ais.train.dream_backend import dream_sampler_config
+
+    defaults = {}
+    if preset.model.path is not None:
+        from dllm_ais.models.dream_checkpoint import read_dream_sampling
+        from dllm_ais.models.load import resolve_checkpoint_dir
+
+        defaults = read_dream_sampling(resolve_checkpoint_dir(preset.model.path))
+    dream_sampler_config(preset.sampler, defaults, preset.train)
+
+
 def task_config_kwargs(fn, options: dict) -> dict:
     """{"config": TaskConfig(**options)} for a task function taking `config=`, {} when there are no options."""
     if not options:
@@ -306,6 +322,7 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     check_trackers(preset.train.report_to)  # so does a tracker whose package is missing
     if not resume:
         check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind
+    check_dream_sampler(preset)  # and a Dream sampler its checkpoint's settings cannot run
     ckpt = resume_checkpoint(run, state, hash_check) if resume else None  # no intact one: refused before any write
     state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
     if state.is_main_process:
