@@ -227,6 +227,17 @@ def _rows_by(counts) -> Counter:
     return out
 
 
+def _measured_and_planned(preset, plan) -> tuple[Counter, Counter]:
+    """(phase, model, rows, tokens) -> forward calls of one real step, and as the plan counts them (a checkpointed
+    update's forward runs twice)."""
+    measured = _run_steps(preset, steps=1)
+    got = Counter((phase, model, rows, tokens) for phase, model, rows, tokens in measured["forwards"])
+    want = Counter()
+    for p in step_passes(plan.workload):
+        want[(p.phase, p.model, p.rows, p.tokens)] += p.calls * (2 if p.recompute else 1)
+    return got, want
+
+
 @pytest.mark.parametrize("name", ["elbo", "spg", "coupled", "trajectory"])
 def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
     """The plan knows what each --policy-logprob runs: mask-draw calls of 64 rows per draw (elbo, spg: exact), the
@@ -234,11 +245,7 @@ def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
     skipped), π_old and the reference once per step for a trajectory, and a checkpointed update (forward twice)."""
     preset = _policy_preset(name)
     plan = make_plan(preset, "h100", device="cpu")
-    measured = _run_steps(preset, steps=1)
-    got = Counter((phase, model, rows, tokens) for phase, model, rows, tokens in measured["forwards"])
-    want = Counter()
-    for p in step_passes(plan.workload):
-        want[(p.phase, p.model, p.rows, p.tokens)] += p.calls * (2 if p.recompute else 1)
+    got, want = _measured_and_planned(preset, plan)
     assert any(p.recompute for p in step_passes(plan.workload))
     if name in ("elbo", "spg"):
         assert got == want
@@ -255,10 +262,6 @@ def test_forward_rows_of_a_dream_step_with_the_trajectory_ratio_are_the_planned_
     base = get_preset("tiny-dream")
     preset = replace(base, train=replace(base.train, mismatch_estimator="trajectory"))
     plan = make_plan(preset, "h100", device="cpu")
-    measured = _run_steps(preset, steps=1)
-    got = Counter((phase, model, rows, tokens) for phase, model, rows, tokens in measured["forwards"])
-    want = Counter()
-    for p in step_passes(plan.workload):
-        want[(p.phase, p.model, p.rows, p.tokens)] += p.calls * (2 if p.recompute else 1)
+    got, want = _measured_and_planned(preset, plan)
     assert any("Dream path" in p.what and p.model == "rollout" for p in step_passes(plan.workload))
     assert got == want
