@@ -1,8 +1,25 @@
-"""Shared helpers of the Dream sampler tests: a distinct-rows forward (test speed-up) and G-tests."""
+"""Shared test helpers: a distinct-rows forward (a speed-up of the Dream sampler tests), G-tests (the Dream and LLaDA
+sampler-frequency tests) and the padded Dream canvas of the FP8 copy tests."""
 
 from __future__ import annotations
 
 import torch
+
+
+DREAM_MASK = 4
+"""The tiny Dream's mask token id."""
+
+
+def padded_canvas() -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [3, 12], mask [3, 12]) of three left-padded tiny-Dream canvases (0, 2 and 5 pads), the last 5 positions
+    masked: the input of the FP8 / FP4 Dream copy tests."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(5, 100, (3, 12), generator=g)
+    x[:, 7:] = DREAM_MASK
+    m = torch.ones(3, 12, dtype=torch.bool)
+    m[1, :2] = False
+    m[2, :5] = False
+    return torch.where(m, x, 1), m
 
 
 class UniqueRows(torch.nn.Module):

@@ -18,19 +18,10 @@ from dllm_ais.models.dream import LORA_TARGETS, DreamModel
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.models.shift import is_shifted
 from dllm_ais.models.tiny import tiny_dream_model
+from dream_helpers import padded_canvas
 
 MASK = 4
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-def _canvas(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(5, 100, (3, 12), generator=g)
-    x[:, 7:] = MASK
-    m = torch.ones(3, 12, dtype=torch.bool)
-    m[1, :2] = False
-    m[2, :5] = False
-    return torch.where(m, x, 1), m
 
 
 def _walker(model):
@@ -65,7 +56,7 @@ def test_fp8_copy_quantises_every_block_linear_and_keeps_the_rest():
 def test_fp8_copy_equals_its_torch_twin(dtype):
     master = _master(dtype)
     copy = _walker(master)
-    x, m = _canvas()
+    x, m = padded_canvas()
     with torch.no_grad():
         got = copy(x, m).logits.float()
         with aligned_forward(master):
@@ -80,7 +71,7 @@ def test_fp8_sync_after_an_optimizer_step_equals_a_fresh_quantisation(dtype):
     master = _master(dtype)
     rollout = _walker(master)
     ptrs = {n: t.data_ptr() for n, t in rollout.state_dict().items()}
-    x, m = _canvas()
+    x, m = padded_canvas()
     with torch.no_grad():
         stale = rollout(x, m).logits
     master.train()
@@ -102,7 +93,7 @@ def test_fp8_sync_after_an_optimizer_step_equals_a_fresh_quantisation(dtype):
 
 def test_fp8_copy_kv_cache_window_equals_its_full_forward():
     copy = _walker(_master(torch.float32))
-    x, m = _canvas()
+    x, m = padded_canvas()
     cache = KVCache.for_model(copy, *x.shape)
     with torch.no_grad():
         full = copy(x, m).logits
@@ -118,7 +109,7 @@ def test_fp4_copy_equals_its_twin_and_syncs_in_place(fmt):
     assert is_shifted(copy)
     layers = {n: mod for n, mod in copy.named_modules() if isinstance(mod, FP4Linear)}
     assert len(layers) == 14
-    x, m = _canvas()
+    x, m = padded_canvas()
     f = FORMATS[fmt]
 
     def twin_linear(module, inp):  # quantise -> dequantise both operands, fp32 GEMM, + bias
@@ -169,7 +160,7 @@ def test_lora_wrapped_dream_keeps_the_shift_and_its_fp8_copy_merges_the_adapters
     assert isinstance(logits_view(wrapped), ShiftedLogits)
     copy = _walker(wrapped)
     merged = _walker(wrapped.merge_and_unload())
-    x, m = _canvas()
+    x, m = padded_canvas()
     with torch.no_grad():
         assert torch.equal(copy(x, m).logits, merged(x, m).logits)
 
@@ -182,6 +173,6 @@ def test_default_fp8_copy_is_the_fused_one_and_equals_the_walker_copy():
     master = _master(torch.float32)
     fused = quantize_model(master, backend="torch")
     assert isinstance(fused, FusedDream) and is_shifted(fused)
-    x, m = _canvas()
+    x, m = padded_canvas()
     with torch.no_grad():
         assert torch.equal(fused(x, m).logits, _walker(master)(x, m).logits)

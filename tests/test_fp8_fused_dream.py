@@ -13,6 +13,7 @@ from dllm_ais.fp8.fused_dream import FusedDream, build_fused_dream
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.models.shift import ShiftedLogits, logits_view
 from dllm_ais.models.tiny import tiny_dream_model
+from dream_helpers import padded_canvas
 
 MASK = 4
 DTYPES = [torch.float32, torch.bfloat16]
@@ -24,20 +25,10 @@ def _master(dtype, **kw):
                             num_key_value_heads=2, **kw)
 
 
-def _canvas():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(5, 100, (3, 12), generator=g)
-    x[:, 7:] = MASK
-    m = torch.ones(3, 12, dtype=torch.bool)
-    m[1, :2] = False
-    m[2, :5] = False
-    return torch.where(m, x, 1), m
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_fused_copies_equal_master_and_walker_copy(dtype):
     master = _master(dtype)
-    x, m = _canvas()
+    x, m = padded_canvas()
     bf16 = build_fused_dream(master, None)
     fp8 = build_fused_dream(master, "torch")
     assert isinstance(fp8, FusedDream) and sum(isinstance(mod, FP8Linear) for mod in fp8.modules()) == 8
@@ -55,7 +46,7 @@ def test_fused_sync_after_an_optimizer_step_is_in_place_and_fresh():
     master = _master(torch.float32)
     rollout = build_fused_dream(master, "torch")
     ptrs = {n: t.data_ptr() for n, t in rollout.state_dict().items()}
-    x, m = _canvas()
+    x, m = padded_canvas()
     master.train()
     opt = torch.optim.AdamW(master.parameters(), lr=1e-3)
     target = torch.randint(5, 100, x.shape, generator=torch.Generator().manual_seed(3))
@@ -78,7 +69,7 @@ def test_fused_sync_after_an_optimizer_step_is_in_place_and_fresh():
 def test_fused_kv_cache_window_and_shift():
     rollout = build_fused_dream(_master(torch.float32), "torch")
     assert isinstance(logits_view(rollout), ShiftedLogits)
-    x, m = _canvas()
+    x, m = padded_canvas()
     cache = KVCache.for_model(rollout, *x.shape)
     assert cache.k[0].shape[1] == 2  # [B, H_kv, T, D] per layer
     with torch.no_grad():
@@ -101,7 +92,7 @@ def test_fused_copy_of_a_lora_master_merges_the_adapters():
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
     copy = build_fused_dream(wrapped, "torch")
     merged = build_fused_dream(wrapped.merge_and_unload(), "torch")
-    x, m = _canvas()
+    x, m = padded_canvas()
     with torch.no_grad():
         assert torch.equal(copy(x, m).logits, merged(x, m).logits)
 

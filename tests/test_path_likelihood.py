@@ -15,6 +15,7 @@ from dllm_ais.config import SamplerConfig
 from dllm_ais.models.tiny import init_weights, tiny_model
 from dllm_ais.samplers.diffusion import diffusion_sample, transfer_schedule
 from dllm_ais.types import Rollout
+from dream_helpers import g_test
 
 VOCAB = 8
 """Tiny vocabulary: ids 0..7, the mask is 4, so 7 proposable tokens."""
@@ -88,21 +89,6 @@ def rollout_of(completion: torch.Tensor, commit: torch.Tensor, prompt=PROMPT) ->
     return Rollout(prompt_ids=prompt.expand(M, -1), prompt_mask=torch.ones(M, prompt.shape[1], dtype=torch.bool),
                    completion_ids=completion, completion_mask=torch.ones(M, L, dtype=torch.bool), commit_step=commit,
                    num_steps=int(commit.max()) + 1)
-
-
-def g_test(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, int, float]:
-    """(G, degrees of freedom, p) of observed counts against expected counts [M]; bins with an expected count below 5
-    are pooled into one."""
-    small = expected < 5
-    obs = torch.cat([observed[~small], observed[small].sum()[None]]).double()
-    exp = torch.cat([expected[~small], expected[small].sum()[None]]).double()
-    keep = exp > 0
-    obs, exp = obs[keep], exp[keep]
-    G = 2 * float(torch.where(obs > 0, obs * (obs / exp).log(), torch.zeros_like(obs)).sum())
-    df = obs.numel() - 1
-    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(G / 2,
-                                                                                               dtype=torch.float64)))
-    return G, df, p
 
 
 @torch.no_grad()
