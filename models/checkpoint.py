@@ -94,16 +94,27 @@ def read_llada_config(path: str | os.PathLike) -> LLaDAConfig:
     if data.get("mask_token_id") is None:
         raise CheckpointError(f"{cfg_file}: missing field 'mask_token_id' (126336 for LLaDA-8B); add it.")
     _check_field_types(data, cfg_file)
+    fill_token_ids(data, path, OPTIONAL_TOKEN_IDS)  # never LLaDAConfig's LLaDA-8B defaults: out of range elsewhere
+    config = LLaDAConfig.from_dict(data)
+    return checked_config(config, cfg_file, ("eos_token_id", "pad_token_id", *OPTIONAL_TOKEN_IDS),
+                          config.embedding_size, f"the embedding ({config.embedding_size} rows)")
+
+
+def fill_token_ids(data: dict, path: str | os.PathLike, keys) -> None:
+    """Token ids config.json leaves out (None) taken from generation_config.json where it gives an int, else None."""
     generation = _read_json(Path(path) / "generation_config.json")
-    for key in OPTIONAL_TOKEN_IDS:  # never LLaDAConfig's LLaDA-8B defaults: those ids are out of range elsewhere
+    for key in keys:
         if data.get(key) is None:
             data[key] = generation.get(key) if isinstance(generation.get(key), int) else None
-    config = LLaDAConfig.from_dict(data)
-    for key in ("eos_token_id", "pad_token_id", *OPTIONAL_TOKEN_IDS):
+
+
+def checked_config(config, cfg_file: Path, token_keys, size: int, table: str):
+    """`config` once every token id in `token_keys` lies in [0, size) (`table` names the embedding in the error) and
+    its own validate() passes; else a one-line CheckpointError naming the file and the field."""
+    for key in token_keys:
         value = getattr(config, key, None)
-        if value is not None and not 0 <= value < config.embedding_size:
-            raise CheckpointError(f"{cfg_file}: {key}={value} is outside the embedding ({config.embedding_size} "
-                                  "rows); set it to this checkpoint's id.")
+        if value is not None and not 0 <= value < size:
+            raise CheckpointError(f"{cfg_file}: {key}={value} is outside {table}; set it to this checkpoint's id.")
     try:
         config.validate()
     except ValueError as e:
@@ -160,13 +171,25 @@ def read_checked_state(path: Path, expected: dict[str, tuple[int, ...]], dtype: 
 def load_llada(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
                device: str | torch.device = "cpu") -> LLaDAModelLM:
     """Load an official-layout LLaDA directory into LLaDAModelLM (eval mode), checking every tensor."""
-    path = Path(path)
     config = read_llada_config(path)
+    return load_checked_model(LLaDAModelLM, config, Path(path), dtype, device,
+                              f"a LLaDA model with {config.n_layers} layers")
+
+
+def load_checked_model(model_cls, config, path: Path, dtype: torch.dtype, device, what: str,
+                       tied: dict[str, str] | None = None):
+    """`model_cls(config)` built on the meta device and filled from `path`'s checked tensors (read_checked_state), in
+    eval mode. `tied`: {weight: source} pairs a checkpoint may omit (a tied head is the embedding)."""
+    tied = tied or {}
     with torch.device("meta"):
-        model = LLaDAModelLM(config)
+        model = model_cls(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = read_checked_state(path, expected, dtype, device, f"a LLaDA model with {config.n_layers} layers")
+    state = read_checked_state(path, expected, dtype, device, what, optional=frozenset(tied))
+    for name, source in tied.items():
+        state[name] = state[source]
     model.load_state_dict(state, strict=True, assign=True)
+    if tied:
+        model.tie_weights()
     return model.eval()
 
 

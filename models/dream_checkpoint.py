@@ -8,13 +8,19 @@ tokenizer files. Every tensor is checked by name and shape before anything is as
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, _read_json, read_checked_state
+from .checkpoint import (
+    CheckpointError,
+    _read_json,
+    checked_config,
+    fill_token_ids,
+    load_checked_model,
+    read_json_object,
+)
 from .dream import DreamConfig, DreamModel
 
 DREAM_MODEL_TYPES = ("Dream", "dream")
@@ -45,29 +51,15 @@ def read_dream_config(path: str | os.PathLike) -> DreamConfig:
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{cfg_file} not found: point --model at a Dream checkpoint directory.")
-    try:
-        data = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_file}: not valid JSON ({e}).") from e
+    data = read_json_object(cfg_file, CheckpointError)
     if data.get("model_type") not in DREAM_MODEL_TYPES:
         raise CheckpointError(f"{cfg_file}: model_type is {data.get('model_type')!r}, expected 'Dream'.")
     if data.get("mask_token_id") is None:
         raise CheckpointError(f"{cfg_file}: missing field 'mask_token_id' (151666 for Dream-7B); add it.")
-    generation = _read_json(Path(path) / "generation_config.json")
-    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):  # never Dream-7B's defaults for another vocab
-        if data.get(key) is None:
-            data[key] = generation.get(key) if isinstance(generation.get(key), int) else None
+    token_keys = ("eos_token_id", "bos_token_id", "pad_token_id")
+    fill_token_ids(data, path, token_keys)  # never Dream-7B's defaults for another vocab
     config = DreamConfig.from_dict(data)
-    for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
-        value = getattr(config, key, None)
-        if value is not None and not 0 <= value < config.vocab_size:
-            raise CheckpointError(f"{cfg_file}: {key}={value} is outside the vocabulary ({config.vocab_size}); "
-                                  "set it to this checkpoint's id.")
-    try:
-        config.validate()
-    except ValueError as e:
-        raise CheckpointError(f"{cfg_file}: {e}") from e
-    return config
+    return checked_config(config, cfg_file, token_keys, config.vocab_size, f"the vocabulary ({config.vocab_size})")
 
 
 def load_dream(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
@@ -75,17 +67,9 @@ def load_dream(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
     """Load an official-layout Dream directory into DreamModel (eval mode), checking every tensor."""
     path = Path(path)
     config = read_dream_config(path)
-    with torch.device("meta"):
-        model = DreamModel(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    tied = frozenset({"lm_head.weight"}) if config.tie_word_embeddings else frozenset()
-    state = read_checked_state(path, expected, dtype, device,
-                               f"a Dream model with {config.num_hidden_layers} layers", optional=tied)
-    if tied:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    sampling = read_dream_sampling(path)
-    model.load_state_dict(state, strict=True, assign=True)
-    if tied:
-        model.tie_weights()
+    sampling = read_dream_sampling(path)  # refused before any tensor is read
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else None
+    model = load_checked_model(DreamModel, config, path, dtype, device,
+                               f"a Dream model with {config.num_hidden_layers} layers", tied=tied)
     model.sampling_defaults = sampling  # the checkpoint's alg / alg_temp / top_p / top_k (train/dream_backend.py)
-    return model.eval()
+    return model

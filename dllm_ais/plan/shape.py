@@ -67,46 +67,31 @@ class ModelShape:
 
 
 def llada_config(model_config):
-    """The LLaDAConfig of a preset's ModelConfig: tiny (path None), a local directory's config.json, or for any other
-    string (a hub id) the LLaDA-8B shape of LLaDAConfig()'s defaults — nothing is downloaded."""
-    from pathlib import Path
-
+    """The model config of a diffusion preset's ModelConfig (`llada_config` answers for Dream too: DreamConfig) and
+    where it came from: tiny (path None), a local directory's config.json, or for any other string (a hub id) the
+    8B / 7B shape of the config class's defaults — nothing is downloaded."""
+    from dllm_ais.models import checkpoint, dream_checkpoint, tiny
+    from dllm_ais.models.dream import DreamConfig
     from dllm_ais.models.llada import LLaDAConfig
 
     if model_config.family == "dream":
-        return dream_config(model_config)
+        return _config_of(model_config, tiny.tiny_dream_config, dream_checkpoint.read_dream_config, DreamConfig,
+                          "Dream", "Dream-7B")
     if model_config.family != "llada":
         raise ValueError(f"dllm-ais plan models diffusion (LLaDA, Dream) presets; model family "
                          f"{model_config.family!r} is not modelled yet: pick e.g. --preset llada-8b-gsm8k.")
-    if model_config.path is None:
-        from dllm_ais.models.tiny import tiny_config
-
-        return tiny_config(), "tiny built-in LLaDA"
-    local = Path(model_config.path).expanduser()
-    if local.is_dir():
-        from dllm_ais.models.checkpoint import read_llada_config
-
-        return read_llada_config(local), f"{local} (config.json)"
-    return LLaDAConfig(), f"{model_config.path} = LLaDA-8B shape (LLaDAConfig defaults; not downloaded)"
+    return _config_of(model_config, tiny.tiny_config, checkpoint.read_llada_config, LLaDAConfig, "LLaDA", "LLaDA-8B")
 
 
-def dream_config(model_config):
-    """The DreamConfig of a Dream preset: tiny (path None), a local directory's config.json, or the Dream-7B shape of
-    DreamConfig()'s defaults for a hub id (nothing downloaded)."""
+def _config_of(model_config, tiny_config, read_config, defaults, name: str, big: str):
     from pathlib import Path
 
-    from dllm_ais.models.dream import DreamConfig
-
     if model_config.path is None:
-        from dllm_ais.models.tiny import tiny_dream_config
-
-        return tiny_dream_config(), "tiny built-in Dream"
+        return tiny_config(), f"tiny built-in {name}"
     local = Path(model_config.path).expanduser()
     if local.is_dir():
-        from dllm_ais.models.dream_checkpoint import read_dream_config
-
-        return read_dream_config(local), f"{local} (config.json)"
-    return DreamConfig(), f"{model_config.path} = Dream-7B shape (DreamConfig defaults; not downloaded)"
+        return read_config(local), f"{local} (config.json)"
+    return defaults(), f"{model_config.path} = {big} shape ({defaults.__name__} defaults; not downloaded)"
 
 
 def _dream_shape(config, name: str) -> ModelShape:
