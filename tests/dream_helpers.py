@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-
 DREAM_MASK = 4
 """The tiny Dream's mask token id."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dream_helpers import padded_canvas
 from torch import nn
 
 from dllm_ais.fp4.linear import FORMATS, FP4Linear
@@ -18,7 +19,6 @@ from dllm_ais.models.dream import LORA_TARGETS, DreamModel
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.models.shift import is_shifted
 from dllm_ais.models.tiny import tiny_dream_model
-from dream_helpers import padded_canvas
 
 MASK = 4
 DTYPES = [torch.float32, torch.bfloat16]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dream_helpers import padded_canvas
 from torch import nn
 
 from dllm_ais.fp8 import FP8Linear, quantize_model, sync_weights
@@ -13,7 +14,6 @@ from dllm_ais.fp8.fused_dream import FusedDream, build_fused_dream
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.models.shift import ShiftedLogits, logits_view
 from dllm_ais.models.tiny import tiny_dream_model
-from dream_helpers import padded_canvas
 
 MASK = 4
 DTYPES = [torch.float32, torch.bfloat16]

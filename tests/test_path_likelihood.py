@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from dream_helpers import g_test
 
 from dllm_ais.config import SamplerConfig
 from dllm_ais.models.tiny import init_weights, tiny_model
 from dllm_ais.samplers.diffusion import diffusion_sample, transfer_schedule
 from dllm_ais.types import Rollout
-from dream_helpers import g_test
 
 VOCAB = 8
 """Tiny vocabulary: ids 0..7, the mask is 4, so 7 proposable tokens."""
