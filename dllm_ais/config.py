@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from dllm_ais.families import FAMILIES, get_family
 from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
@@ -17,7 +18,6 @@ POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg")
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
 RATIO_LEVELS = ("sequence", "token")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-FAMILIES = ("llada", "qwen", "dream")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
 """accelerate's experiment trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS), the names `report_to` takes."""
 
@@ -27,9 +27,9 @@ class ModelConfig:
     """Which model to load and how."""
 
     family: str = "llada"
-    """Model family: `llada` (masked diffusion, our LLaDAModelLM), `dream` (masked diffusion with shifted logits,
-    our DreamModel) or `qwen` (autoregressive Qwen2/Qwen3 through transformers). Chooses the sampler, likelihoods
-    and checkpoint format."""
+    """Model family, a key of dllm_ais/families.py's registry: `llada` (masked diffusion, our LLaDAModelLM), `dream`
+    (masked diffusion with shifted logits, our DreamModel) or `qwen` (autoregressive Qwen2/Qwen3 through
+    transformers). Chooses the sampler, likelihoods and checkpoint format."""
     path: str | None = None
     """Local checkpoint directory (LLaDA: official layout; Qwen: save_pretrained layout) or hub id.
     None = the family's tiny built-in model."""
@@ -45,25 +45,6 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.family={self.family!r}: use one of {', '.join(FAMILIES)}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"ModelConfig.dtype={self.dtype!r}: use one of {', '.join(DTYPES)}.")
-
-
-def dream_refusal(s: SamplerConfig, policy_logprob: str, mismatch_estimator: str, trajectory_steps: int | None
-                  ) -> str | None:
-    """What Dream's trainer backend (train/dream_backend.py) cannot do yet, in one line, or None."""
-    for bad, why in ((policy_logprob == "trajectory", "--policy-logprob trajectory is LLaDA's replay; use one_step or "
-                      "a mask-draw likelihood (elbo, coupled, spg)"),
-                     (mismatch_estimator == "trajectory" and s.cache != "none", f"--cache {s.cache}: Dream's "
-                      "trajectory ratio replays the uncached schedule only; use --cache none"),
-                     (trajectory_steps is not None, "--trajectory-steps: Dream's trajectory ratio replays every "
-                      "step; drop it"),
-                     (s.cfg_scale != 0, "--cfg-scale: Dream's sampler has no classifier-free guidance; drop it"),
-                     (s.max_commit_per_step is not None, "--max-commit-per-step is LLaDA's threshold cap; drop it"),
-                     (s.cuda_graphs == "on", "--cuda-graphs on: Dream's sampler runs eager (no graphs yet); use auto"),
-                     (s.cache == "none" and s.block_length != s.gen_length, f"--block-length {s.block_length} "
-                      "needs --cache prefix or dual (Dream's own generate has one block); or set it to --gen-length")):
-        if bad:
-            return f"Dream: {why}."
-    return None
 
 
 @dataclass(frozen=True)
@@ -374,12 +355,13 @@ class Preset:
         if self.correction.train_forward == "aligned" and self.train.rollout_precision != "fp8":
             raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
                              "it needs --rollout-precision fp8 (or use --train-forward bf16).")
-        if self.model.family in ("llada", "dream"):  # the diffusion families
+        family = get_family(self.model.family)
+        if family.diffusion:
             self._check_mismatch_estimator()
             self._check_policy_logprob()
-        if self.model.family == "dream" and (why := dream_refusal(self.sampler, self.train.policy_logprob,
-                                                                  self.train.mismatch_estimator,
-                                                                  self.train.trajectory_steps)):
+        if family.refusal is not None and (why := family.refusal(self.sampler, self.train.policy_logprob,
+                                                                 self.train.mismatch_estimator,
+                                                                 self.train.trajectory_steps)):
             raise ValueError(why)
         if self.grpo.max_completion_length < self.sampler.gen_length:
             object.__setattr__(self, "grpo", replace(self.grpo, max_completion_length=self.sampler.gen_length))

@@ -18,8 +18,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     check_device(args.device)
 
+    from dllm_ais.families import get_family
     from dllm_ais.models.load import encode_prompts
-    from dllm_ais.train.job import family
 
     from_run = args.run is not None or (args.model is not None and is_checkpoint_dir(args.model))
     preset = get_preset(args.preset or "tiny-cpu") if not from_run else None
@@ -38,7 +38,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         print(f"model: {loaded.source}", file=sys.stderr)
     else:
         model_cfg = override(preset.model, path=args.model, device=args.device, dtype=args.dtype, seed=args.seed)
-        model, tokenizer = family(model_cfg.family).load(model_cfg)
+        model, tokenizer = get_family(model_cfg.family).load(model_cfg)
         if model_cfg.path is None:
             print(f"note: no --model or --run: sampling the UNTRAINED tiny built-in model (random weights, seed "
                   f"{model_cfg.seed}), so the text is gibberish. Pass --run RUN_DIR (its latest checkpoint), --model "
@@ -50,7 +50,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold,
                            cuda_graphs=args.cuda_graphs)
-    if model_cfg.family == "qwen" and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
+    family = get_family(model_cfg.family)
+    if not family.diffusion and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
         raise ValueError("--cache/--threshold apply to diffusion (LLaDA, Dream) sampling only; drop them for this "
                          "model.")
     if args.fp8 and args.fp4:
@@ -63,14 +64,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
         from dllm_ais.fp4.linear import quantize_model as quantize_model_fp4
 
         model = quantize_model_fp4(model, fmt=args.fp4_format)
-    elif model_cfg.family == "llada":  # the fused BF16 rollout copy (fp8/fused_llada.py): same numbers, fewer kernels
-        from dllm_ais.fp8.fused_llada import build_fused_llada
-
-        model = build_fused_llada(model, None)
+    elif family.bf16_sampling_copy is not None:  # e.g. LLaDA's fused BF16 copy: same numbers, fewer kernels
+        model = family.bf16_sampling_copy(model)
     prompts = args.prompt or _default_prompts(preset, model_cfg)
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
-    backend = family(model_cfg.family).backend(sampler_cfg, model, tokenizer)
+    backend = family.backend(sampler_cfg, model, tokenizer)
     rollout = backend.sample(model, ids, mask, generator, progress=sys.stderr.isatty() or args.progress)
     for prompt, comp, keep in zip(prompts, rollout.completion_ids, rollout.completion_mask, strict=True):
         text = tokenizer.decode(comp[keep], skip_special_tokens=True)

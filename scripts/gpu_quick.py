@@ -155,7 +155,7 @@ class Setup:
     def __init__(self, args) -> None:
         import torch
 
-        from dllm_ais.models.llada import LLaDAConfig
+        from dllm_ais.models.llada.model import LLaDAConfig
 
         self.device = torch.device(args.device)
         self.size = "tiny" if args.tiny else "full"
@@ -285,7 +285,7 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
     import torch
 
     from dllm_ais.analysis import bench_env
-    from dllm_ais.fp8.fused_llada import build_fused_llada
+    from dllm_ais.models.llada.fused_fp8 import build_fused_llada
 
     s = Setup(args)
     dev = s.device
@@ -370,7 +370,7 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
     def rl_section() -> None:
         from peft import LoraConfig, get_peft_model
 
-        from dllm_ais.models.llada import lora_target_regex
+        from dllm_ais.models.llada.model import lora_target_regex
 
         model = get_peft_model(s.master, LoraConfig(r=s.w["lora_r"], lora_alpha=64.0, lora_dropout=0.0,
                                                     target_modules=lora_target_regex()))  # fmt: skip
@@ -414,7 +414,7 @@ def part_compiled(args, rows: Rows, deadline: float) -> None:
     import torch
 
     from dllm_ais.analysis import bench_env
-    from dllm_ais.fp8.fused_llada import build_fused_llada
+    from dllm_ais.models.llada.fused_fp8 import build_fused_llada
     from dllm_ais.samplers import diffusion
 
     if args.device == "cpu":  # dynamo traces the same step; no inductor (seconds instead of minutes)

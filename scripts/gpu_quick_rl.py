@@ -99,7 +99,7 @@ def part_rl_step(q, args, rows, deadline: float) -> None:
 
     from dllm_ais import metrics as M
     from dllm_ais.analysis import bench_env
-    from dllm_ais.train.job import _llada_backend
+    from dllm_ais.models.llada.backend import build_backend as _llada_backend
     from dllm_ais.train.run_dir import RunDir
     from dllm_ais.train.trainer import Policy, Trainer
 

@@ -31,7 +31,7 @@ def main() -> None:
     from torch.distributed.tensor import DTensor
 
     from dllm_ais.fp8 import quantize_model, sync_weights
-    from dllm_ais.models.llada import LLaDABlock
+    from dllm_ais.models.llada.model import LLaDABlock
     from dllm_ais.models.tiny import tiny_model
     from dllm_ais.train.fsdp_sync import sync_weights_sharded
 
@@ -41,7 +41,7 @@ def main() -> None:
     if args.lora:
         from peft import LoraConfig, get_peft_model
 
-        from dllm_ais.models.llada import lora_target_regex
+        from dllm_ais.models.llada.model import lora_target_regex
 
         torch.manual_seed(0)  # peft draws lora_A from the global RNG: the ranks must hold the same model to shard it
         master = get_peft_model(master, LoraConfig(r=4, lora_alpha=8, target_modules=lora_target_regex()))

@@ -78,12 +78,12 @@ def test_error_messages_name_flags():
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_checkpoints_follow_the_umask(tmp_path, umask):
-    from dllm_ais.models.checkpoint import save_llada
+    from dllm_ais.models.checkpoint import save_checkpoint
     from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
 
     old = os.umask(umask)
     try:
-        path = save_llada(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
+        path = save_checkpoint(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
     finally:
         os.umask(old)
     assert (path.stat().st_mode & 0o777) == 0o777 & ~umask

@@ -134,9 +134,9 @@ def test_cli_flags_reach_the_configs():
 
 
 def test_diffusion_token_mismatch_is_the_one_step_estimator_difference():
+    from dllm_ais.families import get_family as family
     from dllm_ais.fp8 import quantize_model
     from dllm_ais.models.load import encode_prompts
-    from dllm_ais.train.job import family
 
     p = get_preset("tiny-cpu")
     fam = family(p.model.family)

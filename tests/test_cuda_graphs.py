@@ -16,8 +16,8 @@ import torch
 from test_sampler import EOS, MASK, PROMPTS, _encode
 
 from dllm_ais.config import SamplerConfig
-from dllm_ais.fp8.fused_llada import build_fused_llada
 from dllm_ais.models.kv_cache import KVCache
+from dllm_ais.models.llada.fused_fp8 import build_fused_llada
 from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers import cuda_graphs, diffusion, diffusion_graphs
 from dllm_ais.samplers.diffusion import diffusion_sample

@@ -1,4 +1,4 @@
-"""Dream's trajectory likelihood is exact: path probabilities (likelihood/dream_trajectory.py) sum to 1 over every
+"""Dream's trajectory likelihood is exact: path probabilities (models/dream/trajectory.py) sum to 1 over every
 path of an enumerable setting for each algorithm, match the sampler's own frequencies (G-test over 20,000 draws), and
 equal the sampler's record; for the cached (Fast-dLLM) sampler the recorded path probabilities match its frequencies."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from dream_helpers import UniqueRows, g_test
 
-from dllm_ais.likelihood.dream_selection import scheduled_count
-from dllm_ais.likelihood.dream_trajectory import path_logprob, recorded_path_logprob
+from dllm_ais.models.dream.sampler import DreamSamplerConfig, dream_sample
+from dllm_ais.models.dream.selection import scheduled_count
+from dllm_ais.models.dream.trajectory import path_logprob, recorded_path_logprob
 from dllm_ais.models.tiny import tiny_dream_model
-from dllm_ais.samplers.dream import DreamSamplerConfig, dream_sample
 from dllm_ais.types import Rollout
 
 VOCAB = 8
@@ -111,7 +111,7 @@ def test_selection_matters(model):
     paths = enumerate_paths(cfg)
     with torch.no_grad():
         full = path_logprob(model, paths, cfg, 4)
-    from dllm_ais.likelihood.dream_selection import DreamRule, proposal_logprob
+    from dllm_ais.models.dream.selection import DreamRule, proposal_logprob
 
     rule = DreamRule.of(cfg, 4)
     tokens_only = torch.zeros(paths.completion_ids.shape[0], dtype=torch.float64)

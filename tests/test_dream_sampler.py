@@ -1,5 +1,5 @@
-"""Dream's sampler (samplers/dream.py) against Dream's official code: T = 0 generations of `diffusion_generate` and
-of Fast-dLLM's cached Dream generate (token for token, NFE for NFE) and ≥ 20,000 draws at T > 0 (two-sample G-test
+"""Dream's sampler (models/dream/sampler.py) against Dream's official code: T = 0 generations of `diffusion_generate`
+and of Fast-dLLM's cached Dream generate (token for token, NFE for NFE) and ≥ 20,000 draws at T > 0 (two-sample G-test
 of the completions against the official code's frequencies), all recorded by the official code on the tiny official
 checkpoint tests/fixtures/dream_tiny/ (tests/fixtures/dream_generate.md says how); the schedule, the tie
 rule, the record and the one-line refusals."""
@@ -13,10 +13,10 @@ import pytest
 import torch
 from dream_helpers import UniqueRows, completion_counts, g_test_two_sample
 
-from dllm_ais.likelihood.dream_selection import DreamRule, proposal_logprob, scheduled_count
-from dllm_ais.models.dream_checkpoint import load_dream
+from dllm_ais.models.dream.checkpoint import load_dream
+from dllm_ais.models.dream.sampler import DreamSamplerConfig, dream_sample
+from dllm_ais.models.dream.selection import DreamRule, proposal_logprob, scheduled_count
 from dllm_ais.models.kv_cache import KVCache
-from dllm_ais.samplers.dream import DreamSamplerConfig, dream_sample
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CKPT = FIXTURES / "dream_tiny"

@@ -1,4 +1,4 @@
-"""Dream in the trainer (train/job.py family "dream", train/dream_backend.py): the backend's sampler settings, the
+"""Dream in the trainer (train/job.py family "dream", models/dream/backend.py): the backend's sampler settings, the
 shifted SFT and mask-draw likelihoods against plain references, the trajectory ratio against the path likelihood,
 the fused FP8 rollout copy synced in place by the trainer, and bad Dream checkpoints refused before any write."""
 
@@ -21,7 +21,7 @@ MASK = 4
 
 
 def _backend(sampler: SamplerConfig, model=None, **train):
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family as family
 
     p = get_preset("tiny-dream")
     tc = replace(p.train, **train) if train else p.train
@@ -29,7 +29,7 @@ def _backend(sampler: SamplerConfig, model=None, **train):
 
 
 def test_dream_family_backend_maps_the_sampler_settings():
-    from dllm_ais.train.dream_backend import DreamBackend
+    from dllm_ais.models.dream.backend import DreamBackend
 
     sampler = get_preset("tiny-dream").sampler
     backend = _backend(sampler)
@@ -103,7 +103,7 @@ def test_dream_trajectory_ratio_is_the_path_likelihood_difference():
     """mismatch_estimator trajectory: sequence ℓ = log P_BF16(path) − log P_FP8(path) (dream_trajectory.path_logprob
     on each model); per token, rows whose every token is counted sum to it."""
     from dllm_ais.fp8 import quantize_model
-    from dllm_ais.likelihood.dream_trajectory import path_logprob
+    from dllm_ais.models.dream.trajectory import path_logprob
 
     master = tiny_dream_model(seed=3)
     fp8 = quantize_model(master, backend="torch")
@@ -124,12 +124,12 @@ def test_dream_trajectory_ratio_is_the_path_likelihood_difference():
 
 
 def test_trainer_runs_dream_with_its_fused_fp8_copy_synced_after_each_step(tmp_path):
-    """Two GRPO steps of tiny-dream: the rollout copy is fp8/fused_dream.py's and, after the last optimizer step's
-    sync, equals a fresh copy of the trained master, which moved away from the SFT model (in-place buffers:
+    """Two GRPO steps of tiny-dream: the rollout copy is models/dream/fused_fp8.py's and, after the last optimizer
+    step's sync, equals a fresh copy of the trained master, which moved away from the SFT model (in-place buffers:
     tests/test_fp8_fused_dream.py)."""
     from dllm_ais import metrics as M
     from dllm_ais.fp8 import quantize_model
-    from dllm_ais.fp8.fused_dream import FusedDream
+    from dllm_ais.models.dream.fused_fp8 import FusedDream
     from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-dream")
@@ -144,7 +144,7 @@ def test_trainer_runs_dream_with_its_fused_fp8_copy_synced_after_each_step(tmp_p
         assert torch.equal(rollout(x).logits, fresh(x).logits)
     rows = M.read_metrics(tmp_path / "run")
     assert len(rows) == 2 and all(r[M.AIS_ESS] > 0 for r in rows)
-    from dllm_ais.models.dream_checkpoint import load_dream
+    from dllm_ais.models.dream.checkpoint import load_dream
 
     sft = load_dream(tmp_path / "run" / "sft", dtype=torch.float32)
     assert any(not torch.equal(a, b) for a, b in zip(sft.state_dict().values(),
@@ -249,8 +249,8 @@ def test_dream_trains_lora_adapters_on_the_block_linears(tmp_path, monkeypatch):
 def test_a_saved_dream_keeps_its_checkpoint_sampling_settings(tmp_path):
     """The family's save writes the checkpoint's alg / alg_temp / top_p / top_k as generation_config.json, so the run's
     saved model (SFT cache, final weights) samples as the run did when eval or sample reload it."""
-    from dllm_ais.models.dream_checkpoint import read_dream_sampling
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family as family
+    from dllm_ais.models.dream.checkpoint import read_dream_sampling
 
     model = tiny_dream_model(seed=0)
     model.sampling_defaults = {"alg": "entropy", "alg_temp": 0.25, "top_p": 0.9, "top_k": 7}

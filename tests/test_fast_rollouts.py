@@ -13,9 +13,9 @@ from test_sampler import EOS, MASK, PROMPTS, TOKENIZER, _encode, _sample  # the 
 
 from dllm_ais.config import SamplerConfig
 from dllm_ais.fp8 import available_backends, quantize_model
-from dllm_ais.fp8.fused_llada import build_fused_llada
 from dllm_ais.likelihood.logprobs import proposal_logprobs
 from dllm_ais.models.kv_cache import KVCache
+from dllm_ais.models.llada.fused_fp8 import build_fused_llada
 from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers.diffusion import diffusion_sample, threshold_commit
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dllm_ais.config import get_preset
-from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, lora_target_regex
+from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM, lora_target_regex
 from dllm_ais.plan.live_bytes import LiveBytes
 from dllm_ais.plan.memory import layer_saved_bytes
 from dllm_ais.plan.predict import make_plan
@@ -62,11 +62,13 @@ def _run_steps(preset, steps: int = 2) -> dict:
     """Trainer.train_step of `preset` on CPU (no SFT), `steps` times (AdamW's states exist from the second on): of the
     last step, the live-byte peak of each trainer stage and of the step, the bytes alive after it, and (stage,
     model, rows, tokens) of every model forward."""
-    from dllm_ais.fp8.fused_dream import FusedDream
-    from dllm_ais.fp8.fused_llada import FusedLLaDA
-    from dllm_ais.models.dream import DreamModel
+    from dllm_ais.models.dream.backend import build_backend as _dream_backend
+    from dllm_ais.models.dream.fused_fp8 import FusedDream
+    from dllm_ais.models.dream.model import DreamModel
+    from dllm_ais.models.llada.backend import build_backend as _llada_backend
+    from dllm_ais.models.llada.fused_fp8 import FusedLLaDA
     from dllm_ais.models.tiny import tiny_dream_model, tiny_model, tiny_tokenizer
-    from dllm_ais.train.job import _dream_backend, _llada_backend, task_rows_and_reward
+    from dllm_ais.train.job import task_rows_and_reward
     from dllm_ais.train.run_dir import RunDir
     from dllm_ais.train.trainer import Policy, Trainer
 
@@ -188,7 +190,7 @@ def test_an_8b_wide_block_saves_the_predicted_bytes(lora_r):
 def test_the_fused_fp8_copy_on_triton_producers_uses_the_predicted_working_set():
     """The fused FP8 copy as a GPU runs it (Triton producers and GEMM, here under TRITON_INTERPRET on CPU: the same
     allocations), bf16, one 16-token row: its forward's peak per token is memory.fused_working_set's."""
-    from dllm_ais.fp8.fused_llada import build_fused_llada
+    from dllm_ais.models.llada.fused_fp8 import build_fused_llada
     from dllm_ais.models.tiny import tiny_model
     from dllm_ais.plan.memory import fused_working_set
 

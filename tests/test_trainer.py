@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 import dllm_ais.train.trainer as trainer_module
 from dllm_ais import metrics as M
 from dllm_ais.config import get_preset
-from dllm_ais.train.job import family, run_training
+from dllm_ais.families import get_family as family
+from dllm_ais.train.job import run_training
 from dllm_ais.train.run_dir import CheckpointCorrupt, RunDir
 
 TIMING_KEYS = ("time/", "rollout/tokens_per_s")
@@ -94,7 +95,7 @@ def test_interrupt_writes_a_loadable_checkpoint(tmp_path, monkeypatch):
     assert ckpt.name == "step-000002"
     RunDir.verify(ckpt)
     assert RunDir.load_state(ckpt)["step"] == 2
-    from dllm_ais.models.checkpoint import load_llada
+    from dllm_ais.models.llada.checkpoint import load_llada
 
     load_llada(ckpt / "model")
 

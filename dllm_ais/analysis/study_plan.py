@@ -311,7 +311,7 @@ def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
     path = study.sft_dir(work, seed) / "sft_scores.json"
     if path.is_file():
         return json.loads(path.read_text())
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family as family
 
     cache = study.warm_start(plan.config, work, seed)
     preset = study.study_preset(plan.config, seed)

@@ -47,7 +47,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     batch.add_argument("--micro-batches", type=int, default=None, help="micro-batches per update "
                        "(TrainConfig.gradient_accumulation_steps; no train flag yet)")
     batch.add_argument("--gradient-checkpointing", action="store_true", help="recompute each block in backward "
-                       "(models/llada.py supports it; train does not switch it on yet)")
+                       "(models/llada/model.py supports it; train does not switch it on yet)")
     batch.add_argument("--steps", type=int, default=None, help="RL steps of the run (for its total time)")
     batch.add_argument("--beta", type=float, default=None, help="KL coefficient (> 0: a reference pass per update; "
                        "--policy-logprob spg needs 0)")

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dllm_ais.families import get_family
+
 ELBO_ROWS_PER_CALL = 64
 """likelihood/elbo.py DEFAULT_BATCH_SIZE: rows of one model call of the mismatch ELBO."""
 DRAW_ROWS_PER_CALL = 64
@@ -90,7 +92,8 @@ class Workload:
     fsdp: bool
     """FSDP2 shards master, gradients and optimizer over the gpus (full fine-tuning); else DDP or one process."""
     gradient_checkpointing: bool
-    """Recompute each block in backward (models/llada.py supports it; `dllm-ais train` does not switch it on yet)."""
+    """Recompute each block in backward (models/llada/model.py supports it; `dllm-ais train` does not switch it on
+    yet)."""
     train_steps: int
     """RL steps of the run (for the run's total time)."""
     policy: str = "one_step"
@@ -100,7 +103,8 @@ class Workload:
     trajectory_merge: int = 1
     """--trajectory-merge: consecutive sampler steps scored in one replayed canvas."""
     family: str = "llada"
-    """Model family (ModelConfig.family): a Dream's trajectory ratio replays every step on master and copy."""
+    """Model family (ModelConfig.family; dllm_ais/families.py): e.g. whether its trajectory ratio replays every step on
+    master and copy (`replays_every_step`, Dream)."""
 
     @property
     def canvas(self) -> int:
@@ -227,9 +231,9 @@ def likelihood_passes(w: Workload) -> list[Pass]:
         for model, who in (("master", "π_old"), ("rollout", "μ")):  # same draws; head: the masked positions (≤ L)
             out.append(Pass("likelihood", f"mismatch ELBO of {who} ({w.mismatch_draws} draws)", model, calls, per_call,
                             T, T, L))
-    elif w.mismatch == "trajectory" and w.family == "dream":  # dream_trajectory.path_terms: every step, both models,
-        for model in ("master", "rollout"):                       # logits over the whole completion
-            out.append(Pass("likelihood", "mismatch Dream path replay", model, nfe(w), B, T, T, L))
+    elif w.mismatch == "trajectory" and (family := get_family(w.family)).replays_every_step:  # e.g. Dream's
+        for model in ("master", "rollout"):  # path_terms: every step, both models, logits over the whole completion
+            out.append(Pass("likelihood", f"mismatch {family.title} path replay", model, nfe(w), B, T, T, L))
     elif w.mismatch == "trajectory":  # log μ was recorded by the sampler: only π_old replays
         replayed = w.trajectory_steps if w.trajectory_steps is not None else nfe(w)
         out.append(Pass("likelihood", "mismatch trajectory replay", "master", replayed, B, T, T,
@@ -306,8 +310,9 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     # FSDP full fine-tuning: fp32 shards (16-bit ones are refused), bf16 compute through mixed precision
     param_bytes = 4 if (fsdp and tc.lora_r == 0) else dtype_bytes
     act_bytes = 2 if fsdp else dtype_bytes
-    # compiled or graphed LLaDA sampling pads prompts to PROMPT_BUCKET; samplers/dream.py runs eager, unpadded
-    compiled = device == "cuda" and (sc.compile or sc.cuda_graphs != "off") and preset.model.family != "dream"
+    # compiled or graphed sampling pads prompts to PROMPT_BUCKET; a family without graphed steps (Dream) runs eager
+    graphed = get_family(preset.model.family).graphed_sampling
+    compiled = device == "cuda" and (sc.compile or sc.cuda_graphs != "off") and graphed
     policy, merge = tc.policy_logprob, tc.trajectory_merge
     if policy == "trajectory":
         draws = -(-(tc.trajectory_steps if tc.trajectory_steps is not None else sc.steps) // merge)

@@ -256,6 +256,21 @@ class DiffusionBackend:
         return sft_loss(model, prompt_ids, prompt_mask, completion_ids, self.mask_token_id, generator)
 
 
+def build_diffusion_backend(cls, sampler: SamplerConfig, model, train=None, **fields):
+    """A diffusion backend (DiffusionBackend, or a family's subclass) for `model` with the run's likelihood settings
+    from `train` (a TrainConfig; None when only sampling) and the family's own `fields`."""
+    from dllm_ais.models.load import stop_token_ids
+
+    extra = {} if train is None else dict(p_mask_prompt=train.p_mask_prompt,
+                                          mismatch_num_draws=train.mismatch_num_draws,
+                                          mismatch_estimator=train.mismatch_estimator,
+                                          trajectory_steps=train.trajectory_steps,
+                                          policy_logprob=train.policy_logprob, likelihood=train.likelihood,
+                                          trajectory_selection=train.trajectory_selection,
+                                          trajectory_merge=train.trajectory_merge)
+    return cls(sampler, model.config.mask_token_id, stop_token_ids(model), **extra, **fields)
+
+
 @dataclass(frozen=True)
 class AutoregressiveBackend:
     """Causal LMs (Qwen): KV-cache sampler recording μ's exact log-probs; exact teacher-forced log-probs."""

@@ -2,7 +2,7 @@
 
 Read off Dream-org/Dream-v0-Instruct-7B `generation_utils.py` (`_sample`, `sample_tokens`) and NVlabs/Fast-dLLM
 `dream/model/generation_utils_block.py`. The law of one step (filtered proposal, confidences, schedule, selection) is
-in likelihood/dream_selection.py, shared with the trajectory likelihood. canvas = [left-padded prompt | MASK × L];
+in models/dream/selection.py, shared with the trajectory likelihood. canvas = [left-padded prompt | MASK × L];
 the model returns raw logits and masked position i reads the raw row i − 1 (Dream's shift).
 
 `cache="none"` — `diffusion_generate`: `steps` full forwards over one block (the whole completion). Step i:
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_ais.likelihood.dream_selection import (
+from dllm_ais.models.dream.selection import (
     ALGORITHMS,
     DreamRule,
     dream_selection_logprob,
@@ -69,7 +69,7 @@ class DreamSamplerConfig:
     steps: int = 32
     """Denoising steps (forwards) in all; with a cache steps / num_blocks per block."""
     alg: str = "entropy"
-    """origin, maskgit_plus, topk_margin or entropy (likelihood/dream_selection.py)."""
+    """origin, maskgit_plus, topk_margin or entropy (models/dream/selection.py)."""
     alg_temp: float = 0.0
     """0 = commit the k most confident positions; > 0 = draw them from softmax(confidence / alg_temp)."""
     temperature: float = 0.0
@@ -281,7 +281,7 @@ def dream_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, con
     """Generate `config.gen_length` tokens after each left-padded prompt with Dream's semantics (module docstring).
 
     model: callable as model(input_ids, attention_mask, positions[, kv_cache, window_start]) -> .logits RAW
-    (unshifted, models/dream.py's DreamModel). prompt_ids / prompt_mask [B, P] (left padding). generator: explicit
+    (unshifted, models/dream/model.py's DreamModel). prompt_ids / prompt_mask [B, P] (left padding). generator: explicit
     RNG for the draws. record_selection: also record logp_select. kv_cache: a preallocated cache for the cached modes
     (default: KVCache.for_model(model, B, P + L)); refused unless it holds exactly this batch and canvas.
     """

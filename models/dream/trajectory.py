@@ -1,5 +1,5 @@
-"""The path log-probability of a Dream rollout (samplers/dream.py, uncached `diffusion_generate`) under a model:
-every step's token terms (log q of the filtered proposal, likelihood/dream_selection.py) plus its selection term.
+"""The path log-probability of a Dream rollout (models/dream/sampler.py, uncached `diffusion_generate`) under a model:
+every step's token terms (log q of the filtered proposal, models/dream/selection.py) plus its selection term.
 
 The canvas of step t is the prompt plus the tokens with commit_step < t (the rest masked); every step of the schedule
 is replayed, including those that committed nothing (origin's "nobody moved" has probability Π (1 − p_move) < 1). A
@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from dllm_ais.likelihood.dream_selection import (
+from dllm_ais.likelihood.selection import LOG_ZERO
+from dllm_ais.likelihood.trajectory import share_step_terms
+from dllm_ais.models.dream.selection import (
     DreamRule,
     dream_selection_logprob,
     move_probability,
     proposal_logprob,
     scheduled_count,
 )
-from dllm_ais.likelihood.selection import LOG_ZERO
-from dllm_ais.likelihood.trajectory import share_step_terms
 from dllm_ais.types import Rollout
 
 

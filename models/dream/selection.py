@@ -1,6 +1,6 @@
 """Dream's proposal, confidences, schedule and selection terms (Dream-org `generation_utils.py` `_sample` /
-`sample_tokens`; samplers/dream.py is the sampler, this module the law it samples from, so the sampler's record and a
-replay of the same canvases agree by construction).
+`sample_tokens`; models/dream/sampler.py is the sampler, this module the law it samples from, so the sampler's record
+and a replay of the same canvases agree by construction).
 
 Proposal of a masked position, from its (shifted) logits ℓ [V]: the mask token removed (ℓ_mask = −inf, the one
 departure from the official code, which can draw the mask id and then leaves the position masked, as LLaDA's sampler
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_ais.likelihood.selection import LOG_ZERO, SelectionRule, _log_floor, confidence_selection_logprob
-from dllm_ais.models.dream_checkpoint import DREAM_ALGORITHMS
+from dllm_ais.models.dream.checkpoint import DREAM_ALGORITHMS
 
 ALGORITHMS = DREAM_ALGORITHMS
 """Dream's `alg` values (`confidence_threshold` is Fast-dLLM's threshold decoding: `threshold` here)."""
@@ -70,7 +70,7 @@ class DreamRule:
 
     @classmethod
     def of(cls, config, mask_token_id: int) -> DreamRule:
-        """The rule of a DreamSamplerConfig (samplers/dream.py)."""
+        """The rule of a DreamSamplerConfig (models/dream/sampler.py)."""
         return cls(config.alg, config.temperature, mask_token_id, config.top_p, config.top_k, config.alg_temp or 0.0,
                    config.threshold)
 

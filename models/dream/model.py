@@ -28,8 +28,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .kv_cache import KVCache, window_index
-from .shift import shift_logits  # noqa: F401  (re-exported: Dream's shift)
+from dllm_ais.models.kv_cache import KVCache, window_index
+from dllm_ais.models.shift import shift_logits  # noqa: F401  (re-exported: Dream's shift)
 
 
 class DreamConfig(PretrainedConfig):
