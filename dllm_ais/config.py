@@ -351,6 +351,27 @@ class Preset:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     """FP8 mismatch correction (AIS by default)."""
 
+    @property
+    def objective(self) -> str:
+        """What the run optimises, in a few words: "AIS-GRPO", "GRPO" (no correction), "TIS-GRPO" ..., or "SPG" (its
+        own loss; the correction still weights it)."""
+        correction = self.correction.correction
+        if self.train.policy_logprob == "spg":
+            return "SPG" if correction == "none" else f"SPG ({correction.upper()})"
+        return "GRPO" if correction == "none" else f"{correction.upper()}-GRPO"
+
+    def summary(self) -> str:
+        """One line naming what a run of this preset does: model, objective, policy likelihood, mismatch ratio,
+        rollouts (printed when a run starts and ends; four estimator runs never look alike)."""
+        family = get_family(self.model.family)
+        model = f"{family.title} {self.model.path or '(tiny built-in)'}"
+        likelihood = self.train.policy_logprob if family.diffusion else "exact (autoregressive)"
+        if self.train.policy_logprob in ("elbo", "spg") and family.diffusion:
+            likelihood += f" K={self.train.likelihood.elbo_draws}"
+        mismatch = f", mismatch ℓ {self.train.mismatch_estimator}" if family.diffusion else ""
+        return (f"{self.name}: {model}; {self.objective}, policy likelihood {likelihood}{mismatch}; "
+                f"{self.train.rollout_precision.upper()} rollouts; {self.train.steps} steps")
+
     def __post_init__(self):
         if self.correction.train_forward == "aligned" and self.train.rollout_precision != "fp8":
             raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
@@ -390,8 +411,9 @@ class Preset:
             level = self.train.likelihood.elbo_ratio_level
             object.__setattr__(self, "grpo", replace(self.grpo, importance_sampling_level=level))
         if name == "spg" and self.grpo.beta != 0:
-            raise ValueError(f"--policy-logprob spg with --beta {self.grpo.beta}: SPG trains without a KL term "
-                             "(β_KL = 0); set GRPOConfig.beta to 0 (--beta 0).")
+            raise ValueError(f"--policy-logprob spg with β = {self.grpo.beta} (GRPOConfig.beta): SPG trains without a "
+                             "KL term; set it to 0 (--beta 0; `dllm-ais train --policy-logprob spg` does so itself "
+                             "unless --beta is given).")
         if name != "trajectory":
             return
         if self.sampler.temperature == 0:

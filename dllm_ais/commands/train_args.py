@@ -98,7 +98,8 @@ def add_likelihood_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--elbo-ratio-level", default=None, choices=RATIO_LEVELS,
                    help="elbo: sequence ratio exp((ELBO - ELBO_old) / L) (ESPO/GDPO) or per-token terms")
     p.add_argument("--spg-beta", type=float, default=None, metavar="B",
-                   help="spg: the EUBO's exponent (SPG: 1.5); spg trains on its own loss (no ratio, no clip, beta 0)")
+                   help="spg: the EUBO's exponent (SPG: 1.5); spg trains on its own loss (no ratio, no clip) and sets "
+                   "--beta to 0 (no KL term; another --beta is refused)")
     p.add_argument("--spg-mix", type=float, default=None, metavar="W",
                    help="spg: non-positive advantages use W*EUBO + (1 - W)*ELBO (SPG's mixture: 0.5; default EUBO)")
     p.add_argument("--max-commit-per-step", type=int, default=None, metavar="N", help="threshold decoding: commit "

@@ -75,9 +75,16 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
         if args.is_cap is not None:
             raise ValueError("--no-is-cap and --is-cap contradict each other; pass one.")
         correction = replace(correction, is_cap=None)
+    beta = args.beta
+    if beta is None and (args.policy_logprob or preset.train.policy_logprob) == "spg" and preset.grpo.beta != 0:
+        import sys
+
+        beta = 0.0  # SPG's loss has no KL term: the preset's β goes, and the run says so
+        print(f"--policy-logprob spg: β set to 0 (the preset's {preset.grpo.beta}; SPG trains without a KL term)",
+              file=sys.stderr)
     grpo = override(preset.grpo, loss_type=args.loss_type, dual_clip=args.dual_clip, error_ngram=args.error_ngram,
                     error_mask_threshold=args.mask_error_completions, clip_ratio_c=args.clip_ratio_c,
-                    epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask, beta=args.beta)
+                    epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask, beta=beta)
     return {"correction": correction, "grpo": grpo}
 
 

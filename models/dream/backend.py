@@ -95,7 +95,7 @@ def check_sampler(preset) -> None:
     defaults = {}
     if preset.model.path is not None:
         from dllm_ais.models.dream.checkpoint import read_dream_sampling
-        from dllm_ais.models.load import resolve_checkpoint_dir
+        from dllm_ais.models.hub import resolve_checkpoint_dir
 
         defaults = read_dream_sampling(resolve_checkpoint_dir(preset.model.path))
     dream_sampler_config(preset.sampler, defaults, preset.train)
