@@ -13,7 +13,7 @@ REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
 CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
-POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg")
+POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg", "mdpo", "dtreerpo")
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
 RATIO_LEVELS = ("sequence", "token")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -142,8 +142,8 @@ class SamplerConfig:
 
 @dataclass(frozen=True)
 class PolicyLikelihoodConfig:
-    """Settings of the mask-draw policy likelihoods (`elbo`, `coupled`, `spg`; dllm_ais/likelihood/policy.py), given
-    whole to the backend. Which one is used is TrainConfig.policy_logprob; docs/likelihoods.md explains each."""
+    """Settings of the mask-draw policy likelihoods (dllm_ais/likelihood/policy.py; docs/likelihoods.md), given whole
+    to the backend. Which one is used is TrainConfig.policy_logprob."""
 
     elbo_draws: int = 2
     """K mask draws per sequence of `elbo` and `spg` (forward rows per sequence; memory does not grow with K)."""
@@ -168,14 +168,21 @@ class PolicyLikelihoodConfig:
     spg_p_mask_prompt: float = 0.3
     """`spg`: probability of masking each prompt token and each token of the blocks before the chosen one (SPG's
     config and GSM8K recipe: 0.3; DARE uses d1's 0.15)."""
+    mdpo_steps: int = 16
+    """`mdpo`: the rollout's canvases x_t scored per sequence, at most (MDPO's sample_train_steps: 16)."""
+    mdpo_confidence: bool = True
+    """`mdpo`: weight each token by the probability the sampler committed it with (MDPO); False = weight 1."""
+    dtreerpo_segments: int = 2
+    """`dtreerpo`: segments s of the rollout's T steps, cut at int(k·T/s) (d-TreeRPO's branch points: s = 2)."""
     mask_tail: bool = True
     """Post-EOS positions shown as mask tokens (the sampler's blank canvas) rather than as themselves; never scored."""
     batch_size: int = 64
     """Forward rows per model call."""
 
     def __post_init__(self):
-        if isinstance(self.elbo_draws, bool) or not isinstance(self.elbo_draws, int) or self.elbo_draws < 1:
-            raise ValueError(f"elbo_draws={self.elbo_draws!r}: need an int >= 1 (mask draws per sequence).")
+        for name in ("elbo_draws", "mdpo_steps", "dtreerpo_segments"):
+            if isinstance(v := getattr(self, name), bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: need an int >= 1 (mask draws, canvases or segments per sequence).")
         if self.elbo_scheme not in ELBO_SCHEMES:
             raise ValueError(f"elbo_scheme={self.elbo_scheme!r}: use one of {', '.join(ELBO_SCHEMES)}.")
         if self.elbo_scheme != "stratified" and self.elbo_draws % 2:
@@ -253,10 +260,11 @@ class TrainConfig:
     completion token masked at once, one forward), `trajectory` (the replay of the rollout's recorded canvases under
     θ with gradients, with the rollout sampler's cache and temperature: the likelihood of the path actually sampled;
     `trajectory_steps` subsamples it, `trajectory_selection` adds the choice of positions), `elbo` (sequence ELBO,
-    ESPO/GDPO/VRPO), `coupled` (DiffuCoder's three-pass per-token estimator) or `spg` (SPG's ELBO/EUBO bounds, its
-    own loss: no ratio, no clip, β = 0). Settings: `likelihood`."""
+    ESPO/GDPO/VRPO), `coupled` (DiffuCoder's three-pass per-token estimator), `spg` (SPG's ELBO/EUBO bounds, its
+    own loss: no ratio, no clip, β = 0), `mdpo` (MDPO: the rollout's canvases x_t, λ_t- and confidence-weighted) or
+    `dtreerpo` (d-TreeRPO: each segment's tokens at the segment's first canvas). Settings: `likelihood`."""
     likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
-    """Settings of the `elbo`, `coupled` and `spg` policy likelihoods (a dict in config.json)."""
+    """Settings of the mask-draw policy likelihoods (a dict in config.json)."""
     trajectory_selection: bool = False
     """Trajectory likelihoods (policy and mismatch ratio) include each step's selection term (which positions the
     sampler committed: top-k confidence or threshold); False = the commit-only likelihood. Off by default: the
