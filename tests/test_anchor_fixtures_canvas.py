@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_anchor_fixtures import ATOL, load, model_of
+from test_anchor_fixtures import assert_within, load, model_of
 
 from dllm_ais.config import PolicyLikelihoodConfig
 from dllm_ais.likelihood.dtreerpo import draw_dtreerpo, segment_bounds
@@ -16,10 +16,6 @@ from dllm_ais.likelihood.mdpo import draw_mdpo, mdpo_lambda, recorded_canvas
 from dllm_ais.likelihood.policy import policy_likelihood
 from dllm_ais.likelihood.replay import canvases
 from dllm_ais.types import Rollout
-
-
-def _close(got, want, atol=ATOL):
-    torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=atol)
 
 
 def _mdpo_trajectory(rec):
@@ -72,20 +68,20 @@ def test_mdpo_log_probs_lambda_loss_and_gradient_match_mdpo():
     for s in range(S):
         hidden = (inp[:, s] == mask_id)[:, None]  # [B, 1, L] x_t's masked positions (MDPO scores all of them)
         lam = mdpo_lambda(hidden, L)  # [B, 1]
-        _close(lam[:, 0], torch.tensor(out["lambda_t"][s]))
+        assert_within(lam[:, 0], torch.tensor(out["lambda_t"][s]))
         weight = torch.where(hidden, lam[..., None] * conf[:, s, None].double(), 0.0)
         draw = PolicyDraw(hidden, weight, None, None, hidden)
         with torch.no_grad():
             lp = draw_logprobs(m, prompt, ones_p, res[:, s], ones_c, draw, mask_token_id=mask_id)[:, 0]
         want = torch.tensor(out["per_token_logps"][s])
-        _close(lp[hidden[:, 0]], want[hidden[:, 0]])
+        assert_within(lp[hidden[:, 0]], want[hidden[:, 0]])
         m.zero_grad()
         terms = token_terms(draw, draw_logprobs(m, prompt, ones_p, res[:, s], ones_c, draw, mask_token_id=mask_id))
         n = hidden.sum() + 1e-4  # MDPO's normaliser: the micro-batch's masked count
         (-(adv[:, s].double() * terms.sum(-1).double()).sum() / n).backward()  # its gradient at ratio 1
-        _close(param.grad, torch.tensor(out["grad"][s]))
+        assert_within(param.grad, torch.tensor(out["grad"][s]))
         value = -(adv[:, s].double() * weight[:, 0].sum(-1)).sum() / n  # its value at ratio 1: −Σ Â λ c / n
-        _close(value, torch.tensor(out["loss"][s]))
+        assert_within(value, torch.tensor(out["loss"][s]))
         assert float(param.grad.abs().max()) > 1e-3  # a real gradient
 
 
@@ -114,7 +110,7 @@ def test_mdpo_draw_scores_the_recorded_canvases_with_lambda_and_the_commit_confi
             assert torch.equal(draw.mask[b, k], (inp[b, s] == mask_id) & counted[b])
             lam = torch.tensor(rec["outputs"]["lambda_t"][s][b], dtype=torch.float64)
             now = draw.mask[b, k] & (ro.commit_step[b] == s)
-            _close(draw.weight[b, k][now] * K_b, lam * conf[b, s][now].double())
+            assert_within(draw.weight[b, k][now] * K_b, lam * conf[b, s][now].double())
     assert bool((draw.hidden & ~counted[:, None, :]).any()) and not bool((draw.weight[0, :, 5:] != 0).any())
 
 
@@ -175,7 +171,7 @@ def test_dtreerpo_segments_canvases_and_log_probs_match_dare():
         got = like.token_logp(m, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
                               like.draw_rollout(ro, 0), mask_token_id=mask_id)
     assert bool((want != 0).all())  # every token scored once, at its segment's parent canvas
-    _close(got, want)
+    assert_within(got, want)
 
 
 @pytest.mark.parametrize("T,s,want", [(6, 3, [0, 2, 4, 6]), (128, 2, [0, 64, 128]), (128, 3, [0, 42, 85, 128]),
