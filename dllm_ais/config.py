@@ -161,10 +161,11 @@ class PolicyLikelihoodConfig:
     spg_beta: float = 1.5
     """`spg`: the EUBO's exponent β (> 0)."""
     spg_mix: float | None = None
-    """`spg`: None = the EUBO for non-positive advantages; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO
-    (SPG: 0.5)."""
+    """`spg`: None = the EUBO for Â ≤ 0; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO for them (SPG: 0.5)."""
     spg_block_length: int | None = None
     """`spg`: block length of the block-random masks; None = the sampler's block_length."""
+    spg_block_rule: str = "permutation"
+    """`spg`: each draw's block: permutation (SPG: draws take a random permutation of the blocks) or independent."""
     spg_p_mask_prompt: float = 0.3
     """`spg`: probability of masking each prompt token and each token of the blocks before the chosen one (SPG's
     config and GSM8K recipe: 0.3; DARE uses d1's 0.15)."""
@@ -183,16 +184,15 @@ class PolicyLikelihoodConfig:
         for name in ("elbo_draws", "mdpo_steps", "dtreerpo_segments"):
             if isinstance(v := getattr(self, name), bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r}: need an int >= 1 (mask draws, canvases or segments per sequence).")
-        if self.elbo_scheme not in ELBO_SCHEMES:
-            raise ValueError(f"elbo_scheme={self.elbo_scheme!r}: use one of {', '.join(ELBO_SCHEMES)}.")
+        for name, choices in (("elbo_scheme", ELBO_SCHEMES), ("elbo_ratio_level", RATIO_LEVELS),
+                              ("spg_block_rule", ("permutation", "independent"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r}: use one of {', '.join(choices)}.")
         if self.elbo_scheme != "stratified" and self.elbo_draws % 2:
             raise ValueError(f"elbo_draws={self.elbo_draws} with elbo_scheme {self.elbo_scheme}: needs an even K "
                              "(antithetic: a mask and its complement; quadrature: 2 nodes); pass an even --elbo-draws.")
-        if self.elbo_ratio_level not in RATIO_LEVELS:
-            raise ValueError(f"elbo_ratio_level={self.elbo_ratio_level!r}: use one of {', '.join(RATIO_LEVELS)}.")
         if not 0.0 < self.coupled_t_min <= self.coupled_t_max < 1.0:
-            raise ValueError(f"coupled t range ({self.coupled_t_min}, {self.coupled_t_max}): need 0 < t_min <= t_max "
-                             "< 1.")
+            raise ValueError(f"coupled t range ({self.coupled_t_min}, {self.coupled_t_max}): need 0 < min <= max < 1.")
         if not self.spg_beta > 0:
             raise ValueError(f"spg_beta={self.spg_beta}: the EUBO exponent must be > 0 (SPG: 1.5).")
         if self.spg_mix is not None and not 0.0 <= self.spg_mix <= 1.0:

@@ -123,7 +123,8 @@ class SPGLikelihood(MaskDrawLikelihood):
     def draw(self, prompt_ids, prompt_mask, completion_mask, generator) -> PolicyDraw:
         c = self.config
         block = c.spg_block_length or self.block_length or completion_mask.shape[1]
-        return draw_spg(completion_mask, c.elbo_draws, generator, block, prompt_mask, c.spg_p_mask_prompt)
+        return draw_spg(completion_mask, c.elbo_draws, generator, block, prompt_mask, c.spg_p_mask_prompt,
+                        c.spg_block_rule)
 
     def sequence_logp(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, draw: PolicyDraw,
                       adv: torch.Tensor, *, mask_token_id: int) -> torch.Tensor:
