@@ -160,3 +160,21 @@ def test_a_few_grpo_steps_of_tiny_cpu_train(tmp_path, name):
     start = load_file(str(tmp_path / "sft" / "model.safetensors"))
     end = load_file(str(RunDir(tmp_path).latest() / "model" / "model.safetensors"))
     assert any(not torch.equal(start[k], end[k]) for k in start)
+
+
+def test_flags_reach_the_config_and_are_refused_without_their_likelihood():
+    from dllm_ais.cli import build_parser
+    from dllm_ais.commands.train_preset import train_preset
+    from dllm_ais.train.flags import check_combinations
+
+    args = build_parser().parse_args(["train", "--policy-logprob", "mdpo", "--mdpo-steps", "3", "--mdpo-confidence",
+                                      "off"])
+    lik = train_preset(args).train.likelihood
+    assert (lik.mdpo_steps, lik.mdpo_confidence) == (3, False)
+    args = build_parser().parse_args(["train", "--policy-logprob", "dtreerpo", "--dtreerpo-segments", "4"])
+    p = train_preset(args)
+    assert p.train.likelihood.dtreerpo_segments == 4
+    with pytest.raises(ValueError, match="--mdpo-steps has no effect"):
+        check_combinations({"--mdpo-steps": 3}, p)
+    with pytest.raises(ValueError, match="--dtreerpo-segments has no effect"):
+        check_combinations({"--dtreerpo-segments": 3}, get_preset("tiny-cpu"))
