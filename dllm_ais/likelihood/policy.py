@@ -56,6 +56,9 @@ class MaskDrawLikelihood:
     """The GRPO ratio level the likelihood implies."""
     own_loss = False
     """True when the likelihood trains on a loss of its own instead of GRPO's ratio (SPG)."""
+    forwards_depend_on_rollout = False
+    """True when how many forward calls one evaluation makes depends on the rollout (so it differs between ranks, and
+    FSDP, which gathers each layer in lockstep, refuses it: train/fsdp_setup.py)."""
 
     def __init__(self, config: PolicyLikelihoodConfig, block_length: int | None = None,
                  sampler_steps: int | None = None):
@@ -136,6 +139,8 @@ class SPGLikelihood(MaskDrawLikelihood):
 
 class RecordedCanvasLikelihood(MaskDrawLikelihood):
     """Scores the rollout's own recorded canvases (`Rollout.commit_step`): its draw needs the rollout."""
+
+    forwards_depend_on_rollout = True  # canvases with no counted token to score are skipped
 
     def draw(self, prompt_ids, prompt_mask, completion_mask, generator) -> PolicyDraw:
         raise ValueError(f"{type(self).__name__} scores the rollout's recorded canvases: call "
