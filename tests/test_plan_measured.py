@@ -218,8 +218,8 @@ def _policy_preset(name: str):
     likelihood = replace(base.train.likelihood, elbo_draws=2) if name in ("elbo", "spg") else base.train.likelihood
     grpo = replace(base.grpo, beta=0.0) if name == "spg" else base.grpo  # SPG trains without a KL term
     train = replace(base.train, policy_logprob=name, likelihood=likelihood)
-    if name in ("mdpo", "dtreerpo"):  # several rows per sequence: a quarter of the batch keeps the test short
-        train = replace(train, prompts_per_step=4, likelihood=replace(likelihood, mdpo_steps=3))
+    if name in ("mdpo", "dtreerpo"):  # several rows per sequence: an eighth of the batch keeps the test short
+        train = replace(train, prompts_per_step=2, likelihood=replace(likelihood, mdpo_steps=3))
     return replace(base, train=train, grpo=grpo)
 
 
