@@ -14,7 +14,7 @@ REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
 CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
-POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg")
+POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg", "mdpo", "dtreerpo")
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
 RATIO_LEVELS = ("sequence", "token")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -123,8 +123,8 @@ class SamplerConfig:
 
 @dataclass(frozen=True)
 class PolicyLikelihoodConfig:
-    """Settings of the mask-draw policy likelihoods (`elbo`, `coupled`, `spg`; dllm_ais/likelihood/policy.py), given
-    whole to the backend. Which one is used is TrainConfig.policy_logprob; docs/likelihoods.md explains each."""
+    """Settings of the mask-draw policy likelihoods (dllm_ais/likelihood/policy.py; docs/likelihoods.md), given whole
+    to the backend. Which one is used is TrainConfig.policy_logprob."""
 
     elbo_draws: int = 2
     """K mask draws per sequence of `elbo` and `spg` (forward rows per sequence; memory does not grow with K)."""
@@ -142,31 +142,38 @@ class PolicyLikelihoodConfig:
     spg_beta: float = 1.5
     """`spg`: the EUBO's exponent β (> 0)."""
     spg_mix: float | None = None
-    """`spg`: None = the EUBO for non-positive advantages; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO
-    (SPG: 0.5)."""
+    """`spg`: None = the EUBO for Â ≤ 0; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO for them (SPG: 0.5)."""
     spg_block_length: int | None = None
     """`spg`: block length of the block-random masks; None = the sampler's block_length."""
+    spg_block_rule: str = "permutation"
+    """`spg`: each draw's block: permutation (SPG: draws take a random permutation of the blocks) or independent."""
     spg_p_mask_prompt: float = 0.3
     """`spg`: probability of masking each prompt token and each token of the blocks before the chosen one (SPG's
     config and GSM8K recipe: 0.3; DARE uses d1's 0.15)."""
+    mdpo_steps: int = 16
+    """`mdpo`: the rollout's canvases x_t scored per sequence, at most (MDPO's sample_train_steps: 16)."""
+    mdpo_confidence: bool = True
+    """`mdpo`: weight each token by the probability the sampler committed it with (MDPO); False = weight 1."""
+    dtreerpo_segments: int = 2
+    """`dtreerpo`: segments s of the rollout's T steps, cut at int(k·T/s) (d-TreeRPO's branch points: s = 2)."""
     mask_tail: bool = True
     """Post-EOS positions shown as mask tokens (the sampler's blank canvas) rather than as themselves; never scored."""
     batch_size: int = 64
     """Forward rows per model call."""
 
     def __post_init__(self):
-        if isinstance(self.elbo_draws, bool) or not isinstance(self.elbo_draws, int) or self.elbo_draws < 1:
-            raise ValueError(f"elbo_draws={self.elbo_draws!r}: need an int >= 1 (mask draws per sequence).")
-        if self.elbo_scheme not in ELBO_SCHEMES:
-            raise ValueError(f"elbo_scheme={self.elbo_scheme!r}: use one of {', '.join(ELBO_SCHEMES)}.")
+        for name in ("elbo_draws", "mdpo_steps", "dtreerpo_segments"):
+            if isinstance(v := getattr(self, name), bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: need an int >= 1 (mask draws, canvases or segments per sequence).")
+        for name, choices in (("elbo_scheme", ELBO_SCHEMES), ("elbo_ratio_level", RATIO_LEVELS),
+                              ("spg_block_rule", ("permutation", "independent"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r}: use one of {', '.join(choices)}.")
         if self.elbo_scheme != "stratified" and self.elbo_draws % 2:
             raise ValueError(f"elbo_draws={self.elbo_draws} with elbo_scheme {self.elbo_scheme}: needs an even K "
                              "(antithetic: a mask and its complement; quadrature: 2 nodes); pass an even --elbo-draws.")
-        if self.elbo_ratio_level not in RATIO_LEVELS:
-            raise ValueError(f"elbo_ratio_level={self.elbo_ratio_level!r}: use one of {', '.join(RATIO_LEVELS)}.")
         if not 0.0 < self.coupled_t_min <= self.coupled_t_max < 1.0:
-            raise ValueError(f"coupled t range ({self.coupled_t_min}, {self.coupled_t_max}): need 0 < t_min <= t_max "
-                             "< 1.")
+            raise ValueError(f"coupled t range ({self.coupled_t_min}, {self.coupled_t_max}): need 0 < min <= max < 1.")
         if not self.spg_beta > 0:
             raise ValueError(f"spg_beta={self.spg_beta}: the EUBO exponent must be > 0 (SPG: 1.5).")
         if self.spg_mix is not None and not 0.0 <= self.spg_mix <= 1.0:
@@ -234,10 +241,11 @@ class TrainConfig:
     completion token masked at once, one forward), `trajectory` (the replay of the rollout's recorded canvases under
     θ with gradients, with the rollout sampler's cache and temperature: the likelihood of the path actually sampled;
     `trajectory_steps` subsamples it, `trajectory_selection` adds the choice of positions), `elbo` (sequence ELBO,
-    ESPO/GDPO/VRPO), `coupled` (DiffuCoder's three-pass per-token estimator) or `spg` (SPG's ELBO/EUBO bounds, its
-    own loss: no ratio, no clip, β = 0). Settings: `likelihood`."""
+    ESPO/GDPO/VRPO), `coupled` (DiffuCoder's three-pass per-token estimator), `spg` (SPG's ELBO/EUBO bounds, its
+    own loss: no ratio, no clip, β = 0), `mdpo` (MDPO: the rollout's canvases x_t, λ_t- and confidence-weighted) or
+    `dtreerpo` (d-TreeRPO: each segment's tokens at the segment's first canvas). Settings: `likelihood`."""
     likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
-    """Settings of the `elbo`, `coupled` and `spg` policy likelihoods (a dict in config.json)."""
+    """Settings of the mask-draw policy likelihoods (a dict in config.json)."""
     trajectory_selection: bool = False
     """Trajectory likelihoods (policy and mismatch ratio) include each step's selection term (which positions the
     sampler committed: top-k confidence or threshold); False = the commit-only likelihood. Off by default: the

@@ -167,6 +167,9 @@ def _preset(**changes):
     (2, {"family": "qwen", "lora_r": 8}, "Qwen3"),  # the fused Qwen rollout copy syncs from full weights only
     (2, {"family": "dream", "lora_r": 8}, "Dream"),  # so does the fused Dream copy
     (2, {"family": "dream", "lora_r": 8, "rollout_precision": "bf16"}, None),
+    (2, {"policy_logprob": "mdpo"}, "--policy-logprob mdpo under FSDP"),  # forward counts differ between ranks
+    (2, {"policy_logprob": "dtreerpo"}, "--policy-logprob dtreerpo under FSDP"),
+    (2, {"policy_logprob": "coupled"}, None),
 ])
 def test_fsdp_refusals(version, changes, refused):
     from dllm_ais.train.fsdp_setup import fsdp_refusals, fsdp_version_from_env

@@ -219,7 +219,10 @@ def _policy_preset(name: str):
     base = get_preset("tiny-cpu")
     likelihood = replace(base.train.likelihood, elbo_draws=2) if name in ("elbo", "spg") else base.train.likelihood
     grpo = replace(base.grpo, beta=0.0) if name == "spg" else base.grpo  # SPG trains without a KL term
-    return replace(base, train=replace(base.train, policy_logprob=name, likelihood=likelihood), grpo=grpo)
+    train = replace(base.train, policy_logprob=name, likelihood=likelihood)
+    if name in ("mdpo", "dtreerpo"):  # several rows per sequence: an eighth of the batch keeps the test short
+        train = replace(train, prompts_per_step=2, likelihood=replace(likelihood, mdpo_steps=3))
+    return replace(base, train=train, grpo=grpo)
 
 
 def _rows_by(counts) -> Counter:
@@ -240,11 +243,12 @@ def _measured_and_planned(preset, plan) -> tuple[Counter, Counter]:
     return got, want
 
 
-@pytest.mark.parametrize("name", ["elbo", "spg", "coupled", "trajectory"])
+@pytest.mark.parametrize("name", ["elbo", "spg", "coupled", "trajectory", "mdpo", "dtreerpo"])
 def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
     """The plan knows what each --policy-logprob runs: mask-draw calls of 64 rows per draw (elbo, spg: exact), the
-    three coupled canvases and the replayed trajectory steps (upper bounds: canvases with nothing to score are
-    skipped), π_old and the reference once per step for a trajectory, and a checkpointed update (forward twice)."""
+    three coupled canvases, MDPO's recorded canvases (min(--mdpo-steps, steps)), d-TreeRPO's segments and the
+    replayed trajectory steps (upper bounds: canvases with nothing to score are skipped), π_old and the reference
+    once per step for a trajectory, and a checkpointed update (forward twice)."""
     preset = _policy_preset(name)
     plan = make_plan(preset, "h100", device="cpu")
     got, want = _measured_and_planned(preset, plan)

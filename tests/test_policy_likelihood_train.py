@@ -170,7 +170,7 @@ def test_spg_uses_elbo_for_positive_and_eubo_or_mixture_for_the_rest():
 
 
 def test_registry_levels_rows_and_groups():
-    assert set(POLICY_LIKELIHOODS) == {"elbo", "coupled", "spg"}
+    assert set(POLICY_LIKELIHOODS) == {"elbo", "coupled", "spg", "mdpo", "dtreerpo"}
     assert policy_likelihood("elbo").level == "sequence"
     assert policy_likelihood("elbo", PolicyLikelihoodConfig(elbo_ratio_level="token")).level == "token"
     assert policy_likelihood("coupled").level == "token" and policy_likelihood("coupled").rows_per_sequence == 3

@@ -122,8 +122,8 @@ def add_train_parser(sub) -> argparse.ArgumentParser:
     rollout.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of "
                          "--rollout-precision fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
     add_fast_rollout_args(rollout)
-    add_likelihood_args(p.add_argument_group("policy likelihood (--policy-logprob elbo | coupled | spg; "
-                                             "docs/likelihoods.md)"))
+    add_likelihood_args(p.add_argument_group("policy likelihood (--policy-logprob elbo | coupled | spg | mdpo | "
+                                             "dtreerpo; docs/likelihoods.md)"))
     add_correction_args(p.add_argument_group("correction (docs/corrections.md)"))
     grpo = p.add_argument_group("GRPO")
     grpo.add_argument("--steps", type=int, default=None, help="GRPO steps (each: rollouts, rewards, updates, sync)")

@@ -41,7 +41,10 @@ def train_preset(args: argparse.Namespace, base=None):
                          None if args.trajectory_selection is None else args.trajectory_selection == "on"),
                      likelihood=override(train.likelihood, elbo_draws=args.elbo_draws, elbo_scheme=args.elbo_scheme,
                                          elbo_ratio_level=args.elbo_ratio_level, spg_beta=args.spg_beta,
-                                         spg_mix=args.spg_mix))
+                                         spg_mix=args.spg_mix, mdpo_steps=args.mdpo_steps,
+                                         mdpo_confidence=(None if args.mdpo_confidence is None
+                                                          else args.mdpo_confidence == "on"),
+                                         dtreerpo_segments=args.dtreerpo_segments))
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
                    sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
                                     max_commit_per_step=args.max_commit_per_step, cuda_graphs=args.cuda_graphs),

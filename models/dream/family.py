@@ -12,7 +12,7 @@ def refusal(s, policy_logprob: str, mismatch_estimator: str, trajectory_steps: i
     """What Dream's trainer backend (models/dream/backend.py) cannot do yet with SamplerConfig `s`, in one line, or
     None."""
     for bad, why in ((policy_logprob == "trajectory", "--policy-logprob trajectory is LLaDA's replay; use one_step or "
-                      "a mask-draw likelihood (elbo, coupled, spg)"),
+                      "a mask-draw likelihood (elbo, coupled, spg, mdpo, dtreerpo)"),
                      (mismatch_estimator == "trajectory" and s.cache != "none", f"--cache {s.cache}: Dream's "
                       "trajectory ratio replays the uncached schedule only; use --cache none"),
                      (trajectory_steps is not None, "--trajectory-steps: Dream's trajectory ratio replays every "
