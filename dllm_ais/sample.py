@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dllm_ais.config import get_preset, override
+from dllm_ais.config import override
+from dllm_ais.presets import get_preset
 
 TINY_PROMPTS = ["12+7=", "3+45=", "Hello, "]
 

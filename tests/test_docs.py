@@ -232,7 +232,7 @@ def test_the_plan_figure_pattern_finds_what_it_should():
 
 def test_every_preset_is_listed_in_the_commands_page():
     """docs/commands.md's Presets section names every preset (Dream's were missing)."""
-    from dllm_ais.config import PRESETS
+    from dllm_ais.presets import PRESETS
 
     section = _text(REPO / "docs" / "commands.md").split("## Presets", 1)[1].split("\n## ", 1)[0]
     assert [name for name in PRESETS if f"`{name}`" not in section] == []

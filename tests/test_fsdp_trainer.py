@@ -149,7 +149,7 @@ def test_fsdp2_lora_on_a_bf16_base_with_bf16_mixed_precision_trains_and_resumes(
 def _preset(**changes):
     from dataclasses import replace
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     p = get_preset("tiny-cpu")
     model = {k: changes.pop(k) for k in ("family", "dtype") if k in changes}

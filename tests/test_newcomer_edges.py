@@ -139,7 +139,7 @@ def test_spg_logs_no_clip_fractions_for_a_loss_without_a_clip():
 def test_a_run_names_its_objective_and_policy_likelihood():
     from dataclasses import replace
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     p = get_preset("tiny-cpu")
     assert p.objective == "AIS-GRPO" and "policy likelihood one_step" in p.summary()

@@ -16,13 +16,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dllm_ais.config import get_preset
 from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM, lora_target_regex
 from dllm_ais.plan.live_bytes import LiveBytes
 from dllm_ais.plan.memory import layer_saved_bytes
 from dllm_ais.plan.predict import make_plan
 from dllm_ais.plan.shape import model_shape
 from dllm_ais.plan.workload import step_passes
+from dllm_ais.presets import get_preset
 
 
 class _Stages:

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from dllm_ais import metrics as M
-from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig, get_preset
+from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig
 from dllm_ais.likelihood.mask_draws import draw_logprobs
 from dllm_ais.likelihood.mdpo import draw_mdpo
 from dllm_ais.likelihood.one_step import one_step_logprobs
 from dllm_ais.likelihood.policy import POLICY_LIKELIHOODS, policy_likelihood
 from dllm_ais.models.tiny import init_weights, tiny_model
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.config import GRPOConfig
 from dllm_ais.rl.grpo import grpo_loss
 from dllm_ais.samplers.diffusion import diffusion_sample

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.config import CACHE_MODES, PRESETS, Preset, SamplerConfig, get_preset, override
+from dllm_ais.config import CACHE_MODES, Preset, SamplerConfig, override
+from dllm_ais.presets import PRESETS, get_preset
 from dllm_ais.progress import progress_bar
 from dllm_ais.tasks import d1
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from dllm_ais.commands.help import DEFAULT_PRESET
-from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES, PRESETS
+from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES
 from dllm_ais.families import FAMILIES
+from dllm_ais.presets import PRESETS
 
 
 def family_titles(diffusion_only: bool = False) -> str:

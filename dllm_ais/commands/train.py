@@ -87,7 +87,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def add_train_parser(sub) -> argparse.ArgumentParser:
     """The `train` subparser: model, data and reward, rollout, correction, GRPO and run flags (a new flag goes in
     the group it belongs to; the correction and rollout groups are filled in commands/train_args.py)."""
-    from dllm_ais.config import TRACKERS, get_preset
+    from dllm_ais.config import TRACKERS
+    from dllm_ais.presets import get_preset
     from dllm_ais.train.run_dir import add_hash_check_argument
 
     tiny = get_preset(DEFAULT_PRESET)

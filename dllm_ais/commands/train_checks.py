@@ -64,7 +64,7 @@ def check_model_dir(path: str, family: str) -> None:
         raise ValueError(f"{cfg_file}: unknown model family (model_type {data.get('model_type')!r}, architectures "
                          f"{data.get('architectures') or []}); supported model_type: {', '.join(known)}.")
     if found.name != family:
-        from dllm_ais.config import PRESETS
+        from dllm_ais.presets import PRESETS
 
         presets = [name for name, p in PRESETS.items() if p.model.family == found.name]
         raise ValueError(f"--model {path}: config.json holds a {found.title} model but the preset's family is "

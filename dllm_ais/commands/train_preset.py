@@ -7,7 +7,8 @@ import argparse
 
 from dllm_ais.commands.field_flags import FIELD_FLAGS
 from dllm_ais.commands.help import DEFAULT_PRESET
-from dllm_ais.config import get_preset, override
+from dllm_ais.config import override
+from dllm_ais.presets import get_preset
 
 
 def _floats(flag: str, value: str | None) -> list[float] | None:

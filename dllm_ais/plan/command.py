@@ -10,7 +10,8 @@ import argparse
 import json
 from dataclasses import replace
 
-from dllm_ais.config import PRESETS, get_preset, override
+from dllm_ais.config import override
+from dllm_ais.presets import PRESETS, get_preset
 
 from .rates import GPUS
 
