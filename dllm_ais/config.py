@@ -13,6 +13,8 @@ from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
 CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
+POSITION_RULES = tuple(dict.fromkeys(r for f in FAMILIES.values() for r in f.position_rules))
+"""Every family's named position rules (--dream-alg: Dream's `alg` values, models/dream/family.py)."""
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
 POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg")
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
@@ -85,6 +87,14 @@ class SamplerConfig:
     the per-kernel launch cost that bounds small steps (the FP8 window step). `auto` = on for CUDA rollouts, eager
     elsewhere or (with a warning) where a capture fails; `on` = graphs or a one-line refusal (not CUDA, not a module);
     `off` = never. Same results as eager up to kernel choice; with `compile` the compiled step is captured."""
+    dream_alg: str | None = None
+    """Dream's position rule (overrides `remasking`): origin (random order), maskgit_plus (top-1 probability),
+    topk_margin (top-1 − top-2) or entropy (Dream's own evaluation rule). None = from `remasking`: random → origin,
+    low_confidence → the checkpoint's generation_config.json alg when it is a confidence rule, else maskgit_plus
+    (never the hub's "origin"). A run writes the rule it resolved here (models/dream/backend.py)."""
+    dream_alg_temp: float | None = None
+    """Dream's alg_temp: 0 = commit the most confident positions, > 0 = draw them from softmax(confidence / alg_temp);
+    None = the checkpoint's generation_config.json alg_temp, else 0."""
 
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
@@ -107,6 +117,11 @@ class SamplerConfig:
                              f"{', '.join(CUDA_GRAPH_MODES)}.")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"SamplerConfig.cache={self.cache!r}: use one of {', '.join(CACHE_MODES)}.")
+        if self.dream_alg is not None and self.dream_alg not in POSITION_RULES:
+            raise ValueError(f"SamplerConfig.dream_alg={self.dream_alg!r}: use one of {', '.join(POSITION_RULES)}.")
+        if self.dream_alg_temp is not None and not self.dream_alg_temp >= 0:
+            raise ValueError(f"SamplerConfig.dream_alg_temp={self.dream_alg_temp} must be >= 0 (0 = the most "
+                             "confident positions).")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"SamplerConfig.threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
         if self.max_commit_per_step is not None:
@@ -359,6 +374,9 @@ class Preset:
         if family.diffusion:
             self._check_mismatch_estimator()
             self._check_policy_logprob()
+        if not family.position_rules and (self.sampler.dream_alg, self.sampler.dream_alg_temp) != (None, None):
+            raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
+                             "none: drop them (--remasking chooses its rule).")
         if family.refusal is not None and (why := family.refusal(self.sampler, self.train.policy_logprob,
                                                                  self.train.mismatch_estimator,
                                                                  self.train.trajectory_steps)):
@@ -441,8 +459,11 @@ def _dream(name: str, task: str, description: str) -> Preset:
     """Dream-v0-Instruct-7B with d1's RL settings and canvas (256 tokens, 128 steps; one block) so its plan compares
     with llada-8b-gsm8k's like for like; `dllm-ais plan` counts it (about 7.6 B parameters, GQA KV cache)."""
     d1 = _d1(name, task, description)  # one block of 256 (Dream's own generate has no blocks), 128 steps
+    # the rule named (the hub's generation_config.json says "origin": random order): entropy, Dream's README's and
+    # DARE's (yjyddq/DARE@83ae8a3 verl/workers/rollout/rollout_utils.py:689 and :801, alg="entropy", alg_temp=0.0)
     return replace(d1, model=ModelConfig(family="dream", path="Dream-org/Dream-v0-Instruct-7B", dtype="bfloat16",
-                                         device="cuda"), sampler=replace(d1.sampler, block_length=256))
+                                         device="cuda"),
+                   sampler=replace(d1.sampler, block_length=256, dream_alg="entropy", dream_alg_temp=0.0))
 
 
 def _qwen(name: str, task: str, description: str) -> Preset:
@@ -493,7 +514,8 @@ PRESETS: dict[str, Preset] = {
         # and schedule, its fused FP8 rollout copy) at lr 5e-4 (2e-4: +0.23 in 120 steps; SFT 100: starts at 0.80,
         # little left to learn); one seed, docs/cpu.md ("The tiny-dream preset").
         Preset("tiny-dream", "Tiny built-in Dream on CPU: SFT warm-up on digits, then AIS-GRPO with FP8 rollouts.",
-               ModelConfig(family="dream"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
+               ModelConfig(family="dream"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0,
+                                                          dream_alg="maskgit_plus", dream_alg_temp=0.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
                            prompts_per_step=16, learning_rate=5e-4, sft_steps=35, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",

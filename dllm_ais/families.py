@@ -71,9 +71,13 @@ class Family:
     bf16_sampling_copy: Hook | None = None
     """bf16_sampling_copy(model) -> the fused BF16 inference copy `dllm-ais sample` rolls out (same numbers, fewer
     kernels); None: the master samples."""
-    check_sampler: Hook | None = None
-    """check_sampler(Preset): the sampler settings built with the checkpoint's own (e.g. Dream's alg), checked before
-    the run directory exists; None: nothing beyond SamplerConfig's own checks."""
+    resolve_sampler: Hook | None = None
+    """resolve_sampler(Preset) -> (Preset, line, record): the sampler settings resolved against the checkpoint's own
+    (Dream's generation_config.json alg) and checked before the run directory exists; the preset with what runs made
+    explicit, one line saying what the checkpoint sets and what runs (printed at start), and both as a dict (written
+    to config.json). None: nothing beyond SamplerConfig's own checks."""
+    position_rules: tuple[str, ...] = ()
+    """The sampler's named position rules (`--dream-alg`: Dream's `alg` values); empty: the flag is refused."""
     refusal: Callable | None = None
     """refusal(SamplerConfig, policy_logprob, mismatch_estimator, trajectory_steps) -> one line saying what the family
     cannot train yet with these settings, or None (Preset applies it before anything is written; a sampling-only

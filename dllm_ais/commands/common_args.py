@@ -11,7 +11,8 @@ from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES, PRESETS
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
     p.add_argument("--model", default=None, help="checkpoint directory or hub id of the preset's family (LLaDA "
-                   "official layout; Qwen save_pretrained layout with a qwen preset); overrides the preset's")
+                   "official layout; Dream hub layout with a dream preset, no remote code; Qwen save_pretrained "
+                   "layout with a qwen preset); overrides the preset's")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (refused where it is not "
                    "available)")
     p.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16")
@@ -27,6 +28,21 @@ def add_sampler_args(p: argparse.ArgumentParser) -> None:
                    help="which masked positions each step commits: the most confident ones, or random ones")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
     add_fast_sampler_args(p)
+    add_dream_args(p)
+
+
+def add_dream_args(p: argparse.ArgumentParser) -> None:
+    """Dream's position rule (`train` and `sample`; docs/models.md)."""
+    from dllm_ais.config import POSITION_RULES
+
+    p.add_argument("--dream-alg", default=None, choices=POSITION_RULES, help="Dream only: which masked positions a "
+                   "step commits — entropy (Dream's evaluation rule), maskgit_plus (top-1 probability), topk_margin "
+                   "(top-1 minus top-2) or origin (random order); overrides --remasking and the checkpoint's "
+                   "generation_config.json (whose released 'origin' is never taken for low_confidence); default: the "
+                   "preset's")
+    p.add_argument("--dream-alg-temp", type=float, default=None, metavar="T", help="Dream only: 0 = commit the most "
+                   "confident positions, > 0 = draw them from softmax(confidence / T); default: the preset's, else "
+                   "the checkpoint's, else 0")
 
 
 def add_fast_sampler_args(p: argparse.ArgumentParser, needs: str = "") -> None:
