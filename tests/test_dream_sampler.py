@@ -158,8 +158,13 @@ def test_bad_input_refused_in_one_line(model):
         DreamSamplerConfig(alg_temp=-0.1)
     _one_line(e)
     with pytest.raises(ValueError) as e:
-        DreamSamplerConfig(threshold=0.9)  # threshold is Fast-dLLM's cached generate
+        DreamSamplerConfig(threshold=0.9)  # the default alg, entropy: threshold decoding reads maskgit_plus
     _one_line(e)
+    assert "--dream-alg maskgit_plus" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        DreamSamplerConfig(gen_length=6, steps=4, alg="maskgit_plus", threshold=0.9)  # Fast-dLLM asserts L % steps
+    _one_line(e)
+    assert "divisible by steps" in str(e.value)
     with pytest.raises(ValueError) as e:
         DreamSamplerConfig(gen_length=8, steps=4, cache="dual", block_length=4, alg="origin")
     _one_line(e)
@@ -176,7 +181,8 @@ def test_bad_input_refused_in_one_line(model):
     assert "cache" in str(e.value)
 
 
-@pytest.mark.parametrize("cache,threshold", [("none", None), ("prefix", None), ("dual", None), ("dual", 0.4)])
+@pytest.mark.parametrize("cache,threshold", [("none", None), ("prefix", None), ("dual", None), ("dual", 0.4),
+                                             ("none", 0.4)])
 def test_left_padding_changes_nothing(model, cache, threshold):
     """A left-padded batch generates what each row generates alone, unpadded, cached windows included (Fast-dLLM's
     cached windows mis-slice the 4-D mask under padding; ours attend over the padded canvas correctly)."""
@@ -194,5 +200,5 @@ def test_left_padding_changes_nothing(model, cache, threshold):
         alone = dream_sample(model, torch.tensor([r]), torch.ones(1, len(r), dtype=torch.bool), cfg,
                              model.mask_token_id, [])
         assert batch.completion_ids[b].tolist() == alone.completion_ids[0].tolist()
-        if threshold is None:  # the fixed schedule: the same steps too (threshold rows wait for each other)
+        if threshold is None or cache == "none":  # the same steps too (cached threshold rows wait for each other)
             assert batch.commit_step[b].tolist() == alone.commit_step[0].tolist()
