@@ -88,14 +88,13 @@ class Family:
     """plan_shape(config, name) -> plan.shape.ModelShape, counted on the meta device."""
     plan_copy_bytes: Hook | None = None
     """plan_copy_bytes(config, precision, dtype, fp8_backend) -> bytes of the quantised rollout copy."""
+    plan_commit_steps: Hook | None = None
+    """plan_commit_steps(SamplerConfig) -> the sampler steps that commit a token in a sequence (what a trajectory
+    replay scores per sequence); None: every step (LLaDA's schedule commits at each)."""
     fused_producers: bool = False
     """The rollout copy runs the fused FP8 producers on CUDA (plan/memory.py counts their working set)."""
     graphed_sampling: bool = False
     """Sampler steps can be compiled / CUDA-graphed (prompts padded to the compile bucket)."""
-    replays_every_step: bool = False
-    """The trajectory mismatch ratio replays every sampler step on master and rollout copy (no recorded log μ)."""
-    cached_trajectory_ratio: bool = True
-    """The trajectory mismatch ratio can replay a cached (prefix / dual) rollout."""
     one_block_uncached: bool = False
     """Uncached sampling has one block (evaluation sets block_length = gen_length without a cache)."""
     fsdp_fp8_refusal: str | None = None

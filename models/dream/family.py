@@ -52,5 +52,6 @@ FAMILY = Family(
     plan_config=Hook(f"{_M}.dream.shape:plan_config"),
     plan_shape=Hook(f"{_M}.dream.shape:plan_shape"),
     plan_copy_bytes=Hook(f"{_M}.dream.shape:plan_copy_bytes"),
+    plan_commit_steps=Hook(f"{_M}.dream.shape:plan_commit_steps"),
     one_block_uncached=True,
 )
