@@ -5,7 +5,8 @@ Setup: the scratch folder of scripts/record_dream_fixture.py (SCRATCH/venv with 
 safetensors; SCRATCH/dream_official = NVlabs/Fast-dLLM `dream/model/` as it is). Every call here is one row without
 padding, where Fast-dLLM's positions (arange) are the hub's.
 Run: OMP_NUM_THREADS=1 SCRATCH/venv/bin/python scripts/record_dream_threshold.py SCRATCH CKPT_DIR OUT_JSON
-(`--draws N`, default 20000 one-row calls per T > 0 setting).
+(`--draws N`, default 20000 one-row calls per T > 0 setting; `--t0-only`: no draws; `--defaults-only`: add the
+official defaults to an existing OUT_JSON).
 
 - `generation_utils.DreamGenerationMixin.diffusion_generate` with alg="confidence_threshold" (the uncached `_sample`:
   quota L / steps per step plus what earlier steps left, a shortfall at the last step adds a step), bound to the
@@ -117,6 +118,19 @@ def draws(name, seed, P, n, **kw):
     return dict(name=name, prompt_ids=ids.tolist(), settings=kw, draws=n, counts=counts, nfe_counts=nfes)
 
 
+# The official defaults the sampler's own must equal (DreamGenerationConfig's eps: the schedule's end), and the
+# schedule they give: timesteps linspace(1, eps, steps + 1) and origin's move probabilities 1 - s/t (generation_utils.py
+# _sample), for 8 steps. `--defaults-only` adds just these to an existing OUT_JSON.
+official = gu.DreamGenerationConfig()
+ts = torch.linspace(1, official.eps, 9)
+DEFAULTS = dict(eps=official.eps, alg=official.alg, steps=official.steps, timesteps_8=ts.tolist(),
+                p_transfer_8=[float(1 - ts[i + 1] / ts[i]) for i in range(7)] + [1.0])
+if "--defaults-only" in sys.argv:
+    data = json.load(open(OUT))
+    data["defaults"] = DEFAULTS
+    json.dump(data, open(OUT, "w"), indent=1)
+    print("wrote defaults to", OUT, DEFAULTS)
+    sys.exit(0)
 T0 = [
     fixture("carry-top_k3", 1, 6, gen_length=8, steps=4, temperature=0.0, top_k=3, threshold=0.5),
     fixture("last-step-adds-forwards", 2, 5, gen_length=6, steps=2, temperature=0.0, top_k=3, threshold=0.9),
@@ -130,5 +144,5 @@ G = [] if "--t0-only" in sys.argv else [
 ]
 sha = hashlib.sha256(open(f"{CKPT}/model.safetensors", "rb").read()).hexdigest()
 json.dump(dict(checkpoint_sha256=sha, torch=torch.__version__, transformers=__import__("transformers").__version__,
-               generate=T0, draws=G), open(OUT, "w"), indent=1)
+               generate=T0, draws=G, defaults=DEFAULTS), open(OUT, "w"), indent=1)
 print("wrote", OUT)

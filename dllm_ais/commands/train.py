@@ -81,8 +81,9 @@ def add_train_parser(sub) -> argparse.ArgumentParser:
     tiny = get_preset(DEFAULT_PRESET)
     p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)",
                        formatter_class=HelpFormatter,
-                       description="GRPO training of a diffusion (LLaDA) or autoregressive (Qwen) model with FP8 "
-                                   "rollouts and an importance-sampling correction (default AIS). Without flags it "
+                       description="GRPO training of a diffusion (LLaDA, Dream) or autoregressive (Qwen) model "
+                                   "with FP8 rollouts and an importance-sampling correction (default AIS). Without "
+                                   "flags it "
                                    f"trains the tiny built-in LLaDA on the {tiny.train.task} task on CPU: an SFT "
                                    f"warm-up of {tiny.train.sft_steps} steps, then {tiny.train.steps} GRPO steps; the "
                                    "run directory (--out) gets config.json, metrics.jsonl and checkpoints/step-N, and "

@@ -29,7 +29,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                      "model's task; 256 assumed for a hub model, nothing is downloaded)")
     run.add_argument("--json", action="store_true", help="print the plan as JSON")
     model = p.add_argument_group("model (as train)")
-    model.add_argument("--model", default=None, help="a local LLaDA checkpoint directory: its config.json's shape")
+    model.add_argument("--model", default=None, help="a local checkpoint directory of the preset's family (LLaDA, "
+                       "Dream, Qwen): its config.json's shape")
     model.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16")
     model.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
     rollout = p.add_argument_group("rollout (as train)")
