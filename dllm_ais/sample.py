@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dllm_ais.config import get_preset, override
+from dllm_ais.config import override
+from dllm_ais.presets import get_preset
 
 TINY_PROMPTS = ["12+7=", "3+45=", "Hello, "]
 
@@ -43,10 +44,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
             print(f"note: no --model or --run: sampling the UNTRAINED tiny built-in model (random weights, seed "
                   f"{model_cfg.seed}), so the text is gibberish. Pass --run RUN_DIR (its latest checkpoint), --model "
                   "RUN_DIR/checkpoints/step-N, or --model CHECKPOINT_DIR.", file=sys.stderr)
+    if from_run:  # a trained model samples as `dllm-ais eval` scores it (tiny: the rollout settings at T = 0)
+        from dllm_ais.analysis.evaluate import eval_sampler
+
+        base, source = eval_sampler(preset), "the run's eval sampler"
+    else:
+        base, source = preset.sampler, f"preset {preset.name}'s rollout sampler"
     block_length = args.block_length
-    if block_length is None and args.gen_length and preset.sampler.block_length == preset.sampler.gen_length:
+    if block_length is None and args.gen_length and base.block_length == base.gen_length:
         block_length = args.gen_length  # a one-block preset (tiny-cpu) stays one block at another length
-    sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=block_length,
+    sampler_cfg = override(base, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold,
                            cuda_graphs=args.cuda_graphs, dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp)
@@ -69,6 +76,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         model = quantize_model_fp4(model, fmt=args.fp4_format)
     elif family.bf16_sampling_copy is not None:  # e.g. LLaDA's fused BF16 copy: same numbers, fewer kernels
         model = family.bf16_sampling_copy(model)
+    print(f"sampler: {sampler_settings(sampler_cfg, family.diffusion)} ({source}; the sampling flags change it)",
+          file=sys.stderr)
     prompts = args.prompt or _default_prompts(preset, model_cfg)
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
@@ -80,6 +89,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
         text = tokenizer.decode(comp[keep], skip_special_tokens=True)
         print(f"### {prompt}\n{text}\n")
     return 0
+
+
+def sampler_settings(s, diffusion: bool = True) -> str:
+    """The settings a SamplerConfig samples with, in one line (an autoregressive family: temperature and length)."""
+    if not diffusion:
+        return f"temperature {s.temperature:g}, up to {s.gen_length} tokens"
+    fast = f", cache {s.cache}" * (s.cache != "none") + f", threshold {s.threshold}" * (s.threshold is not None)
+    return (f"temperature {s.temperature:g}, {s.gen_length} tokens in blocks of {s.block_length}, {s.steps} steps, "
+            f"{s.remasking} remasking{fast}")
 
 
 def _default_prompts(preset, model_cfg) -> list[str]:

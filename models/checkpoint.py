@@ -44,21 +44,6 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def read_json_object(path: Path, error: type[Exception] = ValueError) -> dict:
-    """The JSON object in `path`, or `error` with one line naming the file and what is wrong (truncated, not an
-    object)."""
-    text = path.read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        cut = " — the file looks truncated (it ends before the JSON does)" if e.pos >= len(text.rstrip()) else ""
-        raise error(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}{cut}; restore or "
-                    "re-download it.") from None
-    if not isinstance(data, dict):
-        raise error(f"{path}: holds a JSON {type(data).__name__}, not an object of config fields.")
-    return data
-
-
 def fill_token_ids(data: dict, path: str | os.PathLike, keys) -> None:
     """Token ids config.json leaves out (None) taken from generation_config.json where it gives an int, else None."""
     generation = _read_json(Path(path) / "generation_config.json")
@@ -97,12 +82,12 @@ def _weight_files(path: Path) -> dict[str, list[str]]:
     raise CheckpointError(f"{path}: neither {SINGLE_NAME} nor {INDEX_NAME} found (only safetensors are loaded).")
 
 
-def read_checked_state(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype,
-                       device: str | torch.device, what: str,
-                       optional: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors, checked by name and shape against `expected` before any is
-    returned; names in `optional` may be absent (e.g. a tied LM head). `what` names the model in messages."""
-    state: dict[str, torch.Tensor] = {}
+def check_tensor_headers(path: Path, expected: dict[str, tuple[int, ...]], what: str,
+                         optional: frozenset[str] = frozenset()) -> dict[Path, list[str]]:
+    """Every tensor name and shape in the directory's safetensors headers checked against `expected` (no tensor is
+    read); names in `optional` may be absent (e.g. a tied LM head). Returns {file: its tensor names}. `what` names the
+    model in messages; a mismatch is one CheckpointError line naming the file and the tensor."""
+    found: dict[Path, list[str]] = {}
     for fname, names in _weight_files(path).items():
         fpath = path / fname
         if not fpath.is_file():
@@ -119,12 +104,37 @@ def read_checked_state(path: Path, expected: dict[str, tuple[int, ...]], dtype: 
                 if shape != expected[name]:
                     raise CheckpointError(f"{fpath}: tensor {name!r} has shape {shape}, config.json implies "
                                           f"{expected[name]}.")
-                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    missing = sorted(set(expected) - set(state) - optional)
+        found[fpath] = sorted(keys)
+    missing = sorted(set(expected) - {n for names in found.values() for n in names} - optional)
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise CheckpointError(f"{path}: missing tensor(s) {', '.join(missing[:3])}{more}.")
+    return found
+
+
+def read_checked_state(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype,
+                       device: str | torch.device, what: str,
+                       optional: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's safetensors, read once all of them passed `check_tensor_headers`."""
+    state: dict[str, torch.Tensor] = {}
+    for fpath, names in check_tensor_headers(path, expected, what, optional).items():
+        with safe_open(str(fpath), framework="pt", device="cpu") as f:
+            for name in names:
+                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     return state
+
+
+def expected_shapes(model_cls, config) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of `model_cls(config)`, built on the meta device (no memory, no weights)."""
+    with torch.device("meta"):
+        model = model_cls(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_model_files(model_cls, config, path: Path, what: str, tied: dict[str, str] | None = None) -> None:
+    """A checkpoint's tensors match what its config.json implies, checked from the safetensors headers only: run
+    before anything is written, so a run directory is never created for weights that cannot load."""
+    check_tensor_headers(Path(path), expected_shapes(model_cls, config), what, optional=frozenset(tied or {}))
 
 
 def load_checked_model(model_cls, config, path: Path, dtype: torch.dtype, device, what: str,

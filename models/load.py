@@ -10,24 +10,8 @@ import torch
 
 from dllm_ais.config import ModelConfig
 
+from .hub import resolve_checkpoint_dir
 from .tiny import tiny_tokenizer
-
-
-def resolve_checkpoint_dir(path: str) -> Path:
-    """A local directory as is; otherwise a hub repo id, fetched with huggingface_hub (needs network access)."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        return local
-    if local.exists() or path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"--model {path}: not a checkpoint directory.")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.py", "*.txt", "*.model",
-                                                            "*.jinja"]))
-    except Exception as e:  # offline, unknown repo, no access
-        raise FileNotFoundError(f"--model {path}: not a local directory and the hub download failed ({e}). "
-                                "Download the checkpoint once and pass its directory with --model DIR.") from e
 
 
 def detect_family(directory: str | Path) -> str:

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import tempfile
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     torch.set_num_threads(1)
     p = get_preset("tiny-cpu")

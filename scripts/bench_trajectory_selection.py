@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.config import get_preset
 from dllm_ais.likelihood.selection import LOG_ZERO
 from dllm_ais.likelihood.trajectory import policy_token_logp, replay_plan, rollout_token_logp
 from dllm_ais.models.load import encode_prompts
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.correction import ess_fraction, safe_log_weights
 from dllm_ais.samplers.diffusion import diffusion_sample
 

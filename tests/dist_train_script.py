@@ -50,7 +50,7 @@ def small_preset(steps: int, sft_steps: int, prompts_per_step: int = 2, base: st
     dapo (normalised by the global token count). p_mask_prompt = 0: the one-step log-probs of a row then do not depend
     on the other rows of its process's batch (the prompt-mask draw covers the whole local batch), so one process can
     reproduce them."""
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     p = get_preset(base)
     return replace(

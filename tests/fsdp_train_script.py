@@ -75,7 +75,7 @@ def main() -> None:
     from torch.distributed.tensor import DTensor
 
     from dllm_ais import cli
-    from dllm_ais.config import PRESETS
+    from dllm_ais.presets import PRESETS
     from dllm_ais.train.trainer import Trainer
 
     cpu_fsdp2()

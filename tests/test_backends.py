@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from dllm_ais import metrics as M
-from dllm_ais.config import SamplerConfig, get_preset
+from dllm_ais.config import SamplerConfig
+from dllm_ais.presets import get_preset
 from dllm_ais.train.backend import AutoregressiveBackend, DiffusionBackend
 from dllm_ais.train.job import run_training
 from dllm_ais.train.run_dir import RunDir

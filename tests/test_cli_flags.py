@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dllm_ais.cli import build_parser, default_run_dir, main
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 from dllm_ais.train.flags import default_threads, resume_changes, usable_cores
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dllm_ais.cli import build_parser, main, name_flags
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 
 
 def _run_cli_light(args):

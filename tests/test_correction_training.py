@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from dllm_ais import metrics as M
 from dllm_ais.cli import _train_preset, build_parser
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.config import parse_reject
 from dllm_ais.train.job import run_training
 from dllm_ais.train.run_dir import RunDir

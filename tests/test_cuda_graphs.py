@@ -215,7 +215,7 @@ def test_real_capture_equals_eager_on_cuda(kind):
 def test_train_flags_refuse_on_for_cpu_rollouts():
     from dataclasses import replace
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
     from dllm_ais.train.flags import check_combinations
 
     preset = get_preset("tiny-cpu")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 
 FIXTURE = Path(__file__).parent / "fixtures" / "dream_tiny"
 

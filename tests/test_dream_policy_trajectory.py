@@ -12,8 +12,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dllm_ais.config import SamplerConfig, get_preset
+from dllm_ais.config import SamplerConfig
 from dllm_ais.models.tiny import tiny_dream_model
+from dllm_ais.presets import get_preset
 
 MASK = 4
 SETTINGS = {

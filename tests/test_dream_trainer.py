@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig, get_preset
+from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig
 from dllm_ais.models.shift import shift_logits
 from dllm_ais.models.tiny import tiny_dream_model, tiny_tokenizer
+from dllm_ais.presets import get_preset
 
 FIXTURE = Path(__file__).parent / "fixtures" / "dream_tiny"
 MASK = 4

@@ -17,9 +17,10 @@ from dllm_ais.analysis.evaluate import (
     load_for_eval,
     parse_gen_lengths,
 )
-from dllm_ais.config import SamplerConfig, get_preset
+from dllm_ais.config import SamplerConfig
 from dllm_ais.models.checkpoint import save_checkpoint
 from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
+from dllm_ais.presets import get_preset
 from dllm_ais.tasks import registry
 from dllm_ais.tasks.registry import get_task
 

@@ -169,7 +169,7 @@ def test_fsdp2_lora_on_a_bf16_base_with_bf16_mixed_precision_trains_and_resumes(
 def _preset(**changes):
     from dataclasses import replace
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     p = get_preset("tiny-cpu")
     model = {k: changes.pop(k) for k in ("family", "dtype") if k in changes}
@@ -187,6 +187,9 @@ def _preset(**changes):
     (2, {"family": "qwen", "lora_r": 8}, "Qwen3"),  # the fused Qwen rollout copy syncs from full weights only
     (2, {"family": "dream", "lora_r": 8}, None),  # the fused Dream copy syncs from the shards (gather / full)
     (2, {"family": "dream", "lora_r": 8, "rollout_precision": "bf16"}, None),
+    (2, {"policy_logprob": "mdpo"}, "--policy-logprob mdpo under FSDP"),  # forward counts differ between ranks
+    (2, {"policy_logprob": "dtreerpo"}, "--policy-logprob dtreerpo under FSDP"),
+    (2, {"policy_logprob": "coupled"}, None),
 ])
 def test_fsdp_refusals(version, changes, refused):
     from dllm_ais.train.fsdp_setup import fsdp_refusals, fsdp_version_from_env

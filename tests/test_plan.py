@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from dllm_ais.cli import main
-from dllm_ais.config import get_preset
 from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM
 from dllm_ais.plan import fixes, make_plan, predict_quick
 from dllm_ais.plan.flops import forward_flops
 from dllm_ais.plan.rates import BENCHMARKS, rates
 from dllm_ais.plan.shape import model_shape
+from dllm_ais.presets import get_preset
 
 D, LAYERS, HEADS, MLP, VOCAB = 4096, 32, 32, 12288, 126464  # DESIGN.md §6
 D1 = "llada-8b-gsm8k"

@@ -16,13 +16,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dllm_ais.config import get_preset
 from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM, lora_target_regex
 from dllm_ais.plan.live_bytes import LiveBytes
 from dllm_ais.plan.memory import layer_saved_bytes
 from dllm_ais.plan.predict import make_plan
 from dllm_ais.plan.shape import model_shape
 from dllm_ais.plan.workload import step_passes
+from dllm_ais.presets import get_preset
 
 
 class _Stages:
@@ -219,7 +219,10 @@ def _policy_preset(name: str):
     base = get_preset("tiny-cpu")
     likelihood = replace(base.train.likelihood, elbo_draws=2) if name in ("elbo", "spg") else base.train.likelihood
     grpo = replace(base.grpo, beta=0.0) if name == "spg" else base.grpo  # SPG trains without a KL term
-    return replace(base, train=replace(base.train, policy_logprob=name, likelihood=likelihood), grpo=grpo)
+    train = replace(base.train, policy_logprob=name, likelihood=likelihood)
+    if name in ("mdpo", "dtreerpo"):  # several rows per sequence: an eighth of the batch keeps the test short
+        train = replace(train, prompts_per_step=2, likelihood=replace(likelihood, mdpo_steps=3))
+    return replace(base, train=train, grpo=grpo)
 
 
 def _rows_by(counts) -> Counter:
@@ -240,11 +243,12 @@ def _measured_and_planned(preset, plan) -> tuple[Counter, Counter]:
     return got, want
 
 
-@pytest.mark.parametrize("name", ["elbo", "spg", "coupled", "trajectory"])
+@pytest.mark.parametrize("name", ["elbo", "spg", "coupled", "trajectory", "mdpo", "dtreerpo"])
 def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
     """The plan knows what each --policy-logprob runs: mask-draw calls of 64 rows per draw (elbo, spg: exact), the
-    three coupled canvases and the replayed trajectory steps (upper bounds: canvases with nothing to score are
-    skipped), π_old and the reference once per step for a trajectory, and a checkpointed update (forward twice)."""
+    three coupled canvases, MDPO's recorded canvases (min(--mdpo-steps, steps)), d-TreeRPO's segments and the
+    replayed trajectory steps (upper bounds: canvases with nothing to score are skipped), π_old and the reference
+    once per step for a trajectory, and a checkpointed update (forward twice)."""
     preset = _policy_preset(name)
     plan = make_plan(preset, "h100", device="cpu")
     got, want = _measured_and_planned(preset, plan)

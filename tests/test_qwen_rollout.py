@@ -147,7 +147,7 @@ def test_supports_and_refusals():
 def test_trainer_uses_the_fused_copy_for_qwen3_fp8_and_keeps_it_synced(tmp_path):
     from dataclasses import replace
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
     from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-qwen")

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 import dllm_ais.train.trainer as trainer_module
 from dllm_ais import metrics as M
-from dllm_ais.config import get_preset
 from dllm_ais.families import get_family as family
+from dllm_ais.presets import get_preset
 from dllm_ais.train.job import run_training
 from dllm_ais.train.run_dir import CheckpointCorrupt, RunDir
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.config import CACHE_MODES, PRESETS, Preset, SamplerConfig, get_preset, override
+from dllm_ais.config import CACHE_MODES, Preset, SamplerConfig, override
+from dllm_ais.presets import PRESETS, get_preset
 from dllm_ais.progress import progress_bar
 from dllm_ais.tasks import d1
 
@@ -318,7 +319,8 @@ class EvalModel(NamedTuple):
 
 def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
     """The tokenizer saved beside the weights; else the preset's model's (the tiny tokenizer when it has no path)."""
-    from dllm_ais.models.load import load_tokenizer, resolve_checkpoint_dir
+    from dllm_ais.models.hub import resolve_checkpoint_dir
+    from dllm_ais.models.load import load_tokenizer
     from dllm_ais.models.tiny import tiny_tokenizer
 
     if model_dir is not None and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
@@ -443,7 +445,7 @@ def load_for_eval(model_dir: str | os.PathLike | None = None, run_dir: str | os.
 
         model, tokenizer = get_family(preset.model.family).load(preset.model)
         return EvalModel(model, tokenizer, preset, preset.model.path or f"tiny (seed {preset.model.seed})")
-    from dllm_ais.models.load import resolve_checkpoint_dir
+    from dllm_ais.models.hub import resolve_checkpoint_dir
 
     directory = resolve_checkpoint_dir(str(model_dir))
     model, tokenizer = _load_dir(directory, preset)

@@ -159,7 +159,7 @@ def load_plan(path: str | Path) -> Plan:
         cfg = study.StudyConfig(preset=head["preset"], seeds=seeds, **{**unset, **settings})
     except KeyError as e:
         raise ValueError(f"{path}: [plan] needs {e.args[0]!r}.") from None
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     get_preset(cfg.preset)  # unknown preset: the error lists the known ones
     prim = doc.get("primary_metric", {})

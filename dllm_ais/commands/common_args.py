@@ -5,14 +5,21 @@ from __future__ import annotations
 import argparse
 
 from dllm_ais.commands.help import DEFAULT_PRESET
-from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES, PRESETS
+from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES
+from dllm_ais.families import FAMILIES
+from dllm_ais.presets import PRESETS
+
+
+def family_titles(diffusion_only: bool = False) -> str:
+    """"LLaDA, Qwen, Dream": the registry's families (dllm_ais/families.py), for help texts."""
+    return ", ".join(f.title for f in FAMILIES.values() if f.diffusion or not diffusion_only)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help=f"named preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
-    p.add_argument("--model", default=None, help="checkpoint directory or hub id of the preset's family (LLaDA "
-                   "official layout; Dream hub layout with a dream preset, no remote code; Qwen save_pretrained "
-                   "layout with a qwen preset); overrides the preset's")
+    p.add_argument("--model", default=None, help="checkpoint directory or hub id of the preset's family "
+                   f"({family_titles()}: the official hub layout; Qwen: save_pretrained's) with one of its presets; "
+                   "overrides the preset's")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (refused where it is not "
                    "available)")
     p.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16")

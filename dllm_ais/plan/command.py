@@ -10,7 +10,8 @@ import argparse
 import json
 from dataclasses import replace
 
-from dllm_ais.config import PRESETS, get_preset, override
+from dllm_ais.config import override
+from dllm_ais.presets import PRESETS, get_preset
 
 from .rates import GPUS
 
@@ -30,7 +31,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     run.add_argument("--json", action="store_true", help="print the plan as JSON")
     model = p.add_argument_group("model (as train)")
     model.add_argument("--model", default=None, help="a local checkpoint directory of the preset's family (LLaDA, "
-                       "Dream, Qwen): its config.json's shape")
+                       "Dream): its config.json's shape")
     model.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16")
     model.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
     rollout = p.add_argument_group("rollout (as train)")

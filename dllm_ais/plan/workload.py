@@ -13,12 +13,14 @@ Per process (accelerate: every process rolls out its own prompts_per_step prompt
                gradient_accumulation_steps micro-batches; one AdamW step per update.
 
 The policy likelihood (--policy-logprob) sets how many canvases one evaluation scores per sequence: one_step 1, elbo
-and spg K draws, coupled 3 (DiffuCoder's three passes), trajectory the replayed steps (÷ --trajectory-merge). Mask-draw
+and spg K draws, coupled 3 (DiffuCoder's three passes), mdpo min(--mdpo-steps, steps) recorded canvases, dtreerpo
+min(--dtreerpo-segments, steps) segments, trajectory the replayed steps (÷ --trajectory-merge). Mask-draw
 estimators run each (draw, 64-row chunk) as one call and, with gradients, checkpoint it (the forward runs again in
 backward: memory flat in K); a trajectory replay runs chunks of the batch's rows, checkpointed likewise, and its π_old
-and reference are evaluated once per step (one replay serves every iteration). Coupled and trajectory skip canvases
-with nothing to score (a complement without masks, a step that committed nothing), so for them the rows are upper
-bounds; for one_step, elbo and spg they are exact (tests/test_plan_measured.py counts them).
+and reference are evaluated once per step (one replay serves every iteration). Coupled, mdpo, dtreerpo and trajectory
+skip canvases with nothing to score (a complement without masks, a canvas or segment with no counted token, a step
+that committed nothing), so for them the rows are upper bounds; for one_step, elbo and spg they are exact
+(tests/test_plan_measured.py counts them).
   sync         the rollout copy requantised from the master (none for bf16 rollouts).
 """
 
@@ -97,7 +99,8 @@ class Workload:
     train_steps: int
     """RL steps of the run (for the run's total time)."""
     policy: str = "one_step"
-    """The policy likelihood (TrainConfig.policy_logprob): one_step, elbo, coupled, spg or trajectory."""
+    """The policy likelihood (TrainConfig.policy_logprob): one_step, elbo, coupled, spg, mdpo, dtreerpo or
+    trajectory."""
     policy_draws: int = 1
     """Canvases it scores per sequence and evaluation (module docstring)."""
     trajectory_merge: int = 1
@@ -133,7 +136,7 @@ class Workload:
     @property
     def update_rows(self) -> int:
         """Rows whose activations the update keeps at once: a micro-batch, or one checkpointed mask-draw call."""
-        if self.policy in ("elbo", "spg", "coupled"):
+        if self.policy not in ("one_step", "trajectory"):  # a mask-draw likelihood
             return min(self.micro_rows, DRAW_ROWS_PER_CALL)
         return self.micro_rows
 
@@ -320,8 +323,12 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     replayed = min(tc.trajectory_steps, committing) if tc.trajectory_steps is not None else committing
     if policy == "trajectory":
         draws = -(-replayed // merge)
-    else:
-        draws = {"one_step": 1, "coupled": 3}.get(policy, tc.likelihood.elbo_draws)
+    elif policy == "one_step":
+        draws = 1
+    else:  # a mask-draw likelihood: its registry object knows its rows (mdpo, dtreerpo: capped by the steps)
+        from dllm_ais.likelihood.policy import policy_likelihood
+
+        draws = policy_likelihood(policy, tc.likelihood, sc.block_length, sc.steps).rows_per_sequence
     rollout_prompt = -(-prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET if compiled else prompt_len
     return Workload(
         rows=tc.prompts_per_step * gc.num_generations, prompt_len=prompt_len, rollout_prompt_len=rollout_prompt,

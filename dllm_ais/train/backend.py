@@ -83,7 +83,7 @@ class DiffusionBackend:
     """log π in the GRPO ratio and KL: `one_step` (d1's estimator: every completion token masked at once),
     `trajectory` (the replay of the rollout's recorded canvases under the sampler's config: the path likelihood of
     likelihood/trajectory.py, per token), or a mask-draw likelihood of likelihood/policy.py's registry (`elbo`,
-    `coupled`, `spg`) with the settings `likelihood`."""
+    `coupled`, `spg`, `mdpo`, `dtreerpo`) with the settings `likelihood`."""
     likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
     """Settings of the mask-draw policy likelihoods, received whole."""
     trajectory_selection: bool = False
@@ -123,11 +123,11 @@ class DiffusionBackend:
 
         if self.policy_logprob not in POLICY_LIKELIHOODS:
             return None
-        return policy_likelihood(self.policy_logprob, self.likelihood, self.sampler.block_length)
+        return policy_likelihood(self.policy_logprob, self.likelihood, self.sampler.block_length, self.sampler.steps)
 
     def policy_draw(self, rollout: Rollout, seed: int):
         """The batch's `PolicyDraw` for a logp seed: the same for θ (any rows), π_old, μ and the reference."""
-        return self.policy.draw(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_mask, seed)
+        return self.policy.draw_rollout(rollout, seed)
 
     def sequence_logp(self, model, rollout: Rollout, seed: int, adv: torch.Tensor,
                       rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -43,6 +43,9 @@ NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
       for flag in ("--spg-beta", "--spg-mix", "--spg-block-length")),
     *((flag, lambda p: p.train.policy_logprob == "coupled", "--policy-logprob coupled")
       for flag in ("--coupled-t-min", "--coupled-t-max")),
+    *((flag, lambda p: p.train.policy_logprob == "mdpo", "--policy-logprob mdpo")
+      for flag in ("--mdpo-steps", "--mdpo-confidence")),
+    ("--dtreerpo-segments", lambda p: p.train.policy_logprob == "dtreerpo", "--policy-logprob dtreerpo"),
 )
 """(flag, when the flag is read, what to add): a typed flag whose condition is false would be silently ignored."""
 

@@ -53,6 +53,11 @@ def fsdp_refusals(preset, fsdp_version: int | None) -> str | None:
     if tc.policy_logprob == "trajectory":
         return ("--policy-logprob trajectory under FSDP is not supported (the replay's forward count per rank, "
                 "recomputed in backward, differs between ranks); use DDP or --policy-logprob one_step.")
+    from dllm_ais.likelihood.policy import POLICY_LIKELIHOODS
+
+    if getattr(POLICY_LIKELIHOODS.get(tc.policy_logprob), "forwards_depend_on_rollout", False):
+        return (f"--policy-logprob {tc.policy_logprob} under FSDP is not supported (it skips canvases with nothing to "
+                "score, so its forward count per rank differs between ranks); use DDP or --policy-logprob one_step.")
     if tc.lora_r == 0 and mc.dtype in LOW_PRECISION_DTYPES:
         return (f"FSDP full fine-tuning with --dtype {mc.dtype} would update the sharded parameters in 16 bits (small "
                 "updates are lost); pass --dtype float32 and set accelerate's mixed_precision: bf16, so that FSDP "

@@ -45,7 +45,7 @@ def check_model_source(mc) -> None:
     fetched here, as loading would): the family's `check_source` parses and checks its config files."""
     if mc.path is None:
         return
-    from dllm_ais.models.load import resolve_checkpoint_dir
+    from dllm_ais.models.hub import resolve_checkpoint_dir
 
     get_family(mc.family).check_source(resolve_checkpoint_dir(mc.path))
 
@@ -222,7 +222,7 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
         extra = {} if sampling is None else {"sampling": sampling}  # what the checkpoint set, what runs
         preset = run.create(preset, resume=False, extra=extra) if not resume else run.update_config(preset)
         if not resume:  # said when the run starts, not only at its end (a resume names its checkpoint instead)
-            print(f"run directory: {run.path}", file=sys.stderr, flush=True)
+            print(f"run directory: {run.path}\n{preset.summary()}", file=sys.stderr, flush=True)
         if sampling_line is not None:
             print(sampling_line, file=sys.stderr, flush=True)
     if resume and state.is_main_process and ckpt is None:

@@ -131,7 +131,7 @@ def resolve_sampler(preset):
     checkpoint = None
     if preset.model.path is not None:
         from dllm_ais.models.dream.checkpoint import read_dream_sampling
-        from dllm_ais.models.load import resolve_checkpoint_dir
+        from dllm_ais.models.hub import resolve_checkpoint_dir
 
         checkpoint = read_dream_sampling(resolve_checkpoint_dir(preset.model.path))
     dream = dream_sampler_config(preset.sampler, checkpoint, preset.train)

@@ -17,13 +17,14 @@ from dllm_ais.families import FAMILIES  # noqa: F401  (the registry first: it im
 from dllm_ais.models.checkpoint import (
     CheckpointError,
     _read_json,
+    check_model_files,
     checked_config,
     fill_token_ids,
     load_checked_model,
-    read_json_object,
 )
 from dllm_ais.models.dream.family import ALGORITHMS
 from dllm_ais.models.dream.model import DreamConfig, DreamModel
+from dllm_ais.models.hub import read_json_object
 
 DREAM_MODEL_TYPES = ("Dream", "dream")
 """config.json `model_type` values of a Dream checkpoint (the official one is "Dream")."""
@@ -65,10 +66,13 @@ def read_dream_config(path: str | os.PathLike) -> DreamConfig:
 
 
 def check_dream_source(path: str | os.PathLike) -> None:
-    """The family's source check: config.json (mask_token_id …) and generation_config.json's sampling settings
-    (alg, alg_temp) parsed and checked, no tensor read."""
-    read_dream_config(path)
+    """The family's source check, before anything is written: config.json (mask_token_id …) and
+    generation_config.json's sampling settings (alg, alg_temp) parsed and checked, and every tensor's name and shape
+    in the safetensors headers against what config.json implies (no tensor read)."""
+    config = read_dream_config(path)
     read_dream_sampling(path)
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else None
+    check_model_files(DreamModel, config, Path(path), f"a Dream model with {config.num_hidden_layers} layers", tied)
 
 
 def load_dream(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,

@@ -11,11 +11,12 @@ import torch
 from dllm_ais.models.checkpoint import (
     OPTIONAL_TOKEN_IDS,
     CheckpointError,
+    check_model_files,
     checked_config,
     fill_token_ids,
     load_checked_model,
-    read_json_object,
 )
+from dllm_ais.models.hub import read_json_object
 from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM
 
 
@@ -57,6 +58,13 @@ def read_llada_config(path: str | os.PathLike) -> LLaDAConfig:
     config = LLaDAConfig.from_dict(data)
     return checked_config(config, cfg_file, ("eos_token_id", "pad_token_id", *OPTIONAL_TOKEN_IDS),
                           config.embedding_size, f"the embedding ({config.embedding_size} rows)")
+
+
+def check_llada_source(path: str | os.PathLike) -> None:
+    """The family's source check, before anything is written: config.json parsed and checked, and every tensor's name
+    and shape in the safetensors headers against what it implies (no tensor read)."""
+    config = read_llada_config(path)
+    check_model_files(LLaDAModelLM, config, Path(path), f"a LLaDA model with {config.n_layers} layers")
 
 
 def load_llada(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,

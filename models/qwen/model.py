@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from dllm_ais.atomic import atomic_dir
-from dllm_ais.models.checkpoint import read_json_object
-from dllm_ais.models.load import resolve_checkpoint_dir
+from dllm_ais.models.hub import read_json_object, resolve_checkpoint_dir
 from dllm_ais.models.tiny import BOS, PAD_EOS, tiny_tokenizer, tiny_vocab
 
 QWEN_MODEL_TYPES = ("qwen2", "qwen3")
