@@ -13,6 +13,8 @@ from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
 CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
+POSITION_RULES = tuple(dict.fromkeys(r for f in FAMILIES.values() for r in f.position_rules))
+"""Every family's named position rules (--dream-alg: Dream's `alg` values, models/dream/family.py)."""
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
 POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg", "mdpo", "dtreerpo")
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
@@ -85,6 +87,14 @@ class SamplerConfig:
     the per-kernel launch cost that bounds small steps (the FP8 window step). `auto` = on for CUDA rollouts, eager
     elsewhere or (with a warning) where a capture fails; `on` = graphs or a one-line refusal (not CUDA, not a module);
     `off` = never. Same results as eager up to kernel choice; with `compile` the compiled step is captured."""
+    dream_alg: str | None = None
+    """Dream's position rule (overrides `remasking`): origin (random order), maskgit_plus (top-1 probability),
+    topk_margin (top-1 − top-2) or entropy (Dream's own evaluation rule). None = from `remasking`: random → origin,
+    low_confidence → the checkpoint's generation_config.json alg when it is a confidence rule, else maskgit_plus
+    (never the hub's "origin"). A run writes the rule it resolved here (models/dream/backend.py)."""
+    dream_alg_temp: float | None = None
+    """Dream's alg_temp: 0 = commit the most confident positions, > 0 = draw them from softmax(confidence / alg_temp);
+    None = the checkpoint's generation_config.json alg_temp, else 0."""
 
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
@@ -107,6 +117,11 @@ class SamplerConfig:
                              f"{', '.join(CUDA_GRAPH_MODES)}.")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"SamplerConfig.cache={self.cache!r}: use one of {', '.join(CACHE_MODES)}.")
+        if self.dream_alg is not None and self.dream_alg not in POSITION_RULES:
+            raise ValueError(f"SamplerConfig.dream_alg={self.dream_alg!r}: use one of {', '.join(POSITION_RULES)}.")
+        if self.dream_alg_temp is not None and not self.dream_alg_temp >= 0:
+            raise ValueError(f"SamplerConfig.dream_alg_temp={self.dream_alg_temp} must be >= 0 (0 = the most "
+                             "confident positions).")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"SamplerConfig.threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
         if self.max_commit_per_step is not None:
@@ -388,6 +403,9 @@ class Preset:
         if family.diffusion:
             self._check_mismatch_estimator()
             self._check_policy_logprob()
+        if not family.position_rules and (self.sampler.dream_alg, self.sampler.dream_alg_temp) != (None, None):
+            raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
+                             "none: drop them (--remasking chooses its rule).")
         if family.refusal is not None and (why := family.refusal(self.sampler, self.train.policy_logprob,
                                                                  self.train.mismatch_estimator,
                                                                  self.train.trajectory_steps)):

@@ -71,9 +71,13 @@ class Family:
     bf16_sampling_copy: Hook | None = None
     """bf16_sampling_copy(model) -> the fused BF16 inference copy `dllm-ais sample` rolls out (same numbers, fewer
     kernels); None: the master samples."""
-    check_sampler: Hook | None = None
-    """check_sampler(Preset): the sampler settings built with the checkpoint's own (e.g. Dream's alg), checked before
-    the run directory exists; None: nothing beyond SamplerConfig's own checks."""
+    resolve_sampler: Hook | None = None
+    """resolve_sampler(Preset) -> (Preset, line, record): the sampler settings resolved against the checkpoint's own
+    (Dream's generation_config.json alg) and checked before the run directory exists; the preset with what runs made
+    explicit, one line saying what the checkpoint sets and what runs (printed at start), and both as a dict (written
+    to config.json). None: nothing beyond SamplerConfig's own checks."""
+    position_rules: tuple[str, ...] = ()
+    """The sampler's named position rules (`--dream-alg`: Dream's `alg` values); empty: the flag is refused."""
     refusal: Callable | None = None
     """refusal(SamplerConfig, policy_logprob, mismatch_estimator, trajectory_steps) -> one line saying what the family
     cannot train yet with these settings, or None (Preset applies it before anything is written; a sampling-only
@@ -84,14 +88,13 @@ class Family:
     """plan_shape(config, name) -> plan.shape.ModelShape, counted on the meta device."""
     plan_copy_bytes: Hook | None = None
     """plan_copy_bytes(config, precision, dtype, fp8_backend) -> bytes of the quantised rollout copy."""
+    plan_commit_steps: Hook | None = None
+    """plan_commit_steps(SamplerConfig) -> the sampler steps that commit a token in a sequence (what a trajectory
+    replay scores per sequence); None: every step (LLaDA's schedule commits at each)."""
     fused_producers: bool = False
     """The rollout copy runs the fused FP8 producers on CUDA (plan/memory.py counts their working set)."""
     graphed_sampling: bool = False
     """Sampler steps can be compiled / CUDA-graphed (prompts padded to the compile bucket)."""
-    replays_every_step: bool = False
-    """The trajectory mismatch ratio replays every sampler step on master and rollout copy (no recorded log μ)."""
-    cached_trajectory_ratio: bool = True
-    """The trajectory mismatch ratio can replay a cached (prefix / dual) rollout."""
     one_block_uncached: bool = False
     """Uncached sampling has one block (evaluation sets block_length = gen_length without a cache)."""
     fsdp_fp8_refusal: str | None = None

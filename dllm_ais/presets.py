@@ -27,8 +27,11 @@ def _dream(name: str, task: str, description: str) -> Preset:
     """Dream-v0-Instruct-7B with d1's RL settings and canvas (256 tokens, 128 steps; one block) so its plan compares
     with llada-8b-gsm8k's like for like; `dllm-ais plan` counts it (about 7.6 B parameters, GQA KV cache)."""
     d1 = _d1(name, task, description)  # one block of 256 (Dream's own generate has no blocks), 128 steps
+    # the rule named (the hub's generation_config.json says "origin": random order): entropy, Dream's README's and
+    # DARE's (yjyddq/DARE@83ae8a3 verl/workers/rollout/rollout_utils.py:689 and :801, alg="entropy", alg_temp=0.0)
     return replace(d1, model=ModelConfig(family="dream", path="Dream-org/Dream-v0-Instruct-7B", dtype="bfloat16",
-                                         device="cuda"), sampler=replace(d1.sampler, block_length=256))
+                                         device="cuda"),
+                   sampler=replace(d1.sampler, block_length=256, dream_alg="entropy", dream_alg_temp=0.0))
 
 
 def _qwen(name: str, task: str, description: str) -> Preset:
@@ -79,7 +82,8 @@ PRESETS: dict[str, Preset] = {
         # and schedule, its fused FP8 rollout copy) at lr 5e-4 (2e-4: +0.23 in 120 steps; SFT 100: starts at 0.80,
         # little left to learn); one seed, docs/cpu.md ("The tiny-dream preset").
         Preset("tiny-dream", "Tiny built-in Dream on CPU: SFT warm-up on digits, then AIS-GRPO with FP8 rollouts.",
-               ModelConfig(family="dream"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
+               ModelConfig(family="dream"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0,
+                                                          dream_alg="maskgit_plus", dream_alg_temp=0.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
                            prompts_per_step=16, learning_rate=5e-4, sft_steps=35, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",

@@ -56,8 +56,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
     sampler_cfg = override(base, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold,
-                           cuda_graphs=args.cuda_graphs)
+                           cuda_graphs=args.cuda_graphs, dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp)
     family = get_family(model_cfg.family)
+    if not family.position_rules and (args.dream_alg, args.dream_alg_temp) != (None, None):
+        raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
+                         "none: drop them (--remasking chooses its rule).")
     if not family.diffusion and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
         raise ValueError("--cache/--threshold apply to diffusion (LLaDA, Dream) sampling only; drop them for this "
                          "model.")
@@ -79,6 +82,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
     backend = family.backend(sampler_cfg, model, tokenizer)
+    if getattr(backend, "note", None):  # e.g. Dream: what its generation_config.json sets and what runs
+        print(backend.note, file=sys.stderr)
     rollout = backend.sample(model, ids, mask, generator, progress=sys.stderr.isatty() or args.progress)
     for prompt, comp, keep in zip(prompts, rollout.completion_ids, rollout.completion_mask, strict=True):
         text = tokenizer.decode(comp[keep], skip_special_tokens=True)

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCES = {"dllm_ais": REPO / "dllm_ais", "dllm_ais.samplers": REPO / "samplers", "dllm_ais.models": REPO / "models",
            "dllm_ais.tasks": REPO / "tasks"}
 BASE = {"dllm_ais", "dllm_ais.types", "dllm_ais.config", "dllm_ais.metrics", "dllm_ais.atomic",
-        "dllm_ais.progress", "dllm_ais.families", "dllm_ais.presets"}  # the shared types, configs and utilities every layer may use
+        "dllm_ais.progress", "dllm_ais.families",
+        "dllm_ais.presets"}  # the shared types, configs and utilities every layer may use
 FAMILY_ROLES = {"family": "base", "model": "models", "checkpoint": "models", "tiny": "models", "rollout": "models",
                 "fused_fp8": "fp8", "selection": "likelihood", "trajectory": "likelihood", "likelihood": "likelihood",
                 "sampler": "samplers", "backend": "train", "shape": "plan"}

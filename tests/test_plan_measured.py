@@ -1,6 +1,6 @@
 """`dllm-ais plan` against measurements: one real RL step of the default preset (the tiny model, CPU) with every live
-tensor storage counted (dllm_ais/plan/live_bytes.py) and every model forward recorded, and one LLaDA-8B-wide block on
-the meta device.
+tensor storage counted (dllm_ais/plan/live_bytes.py) and every model forward recorded (tiny-dream's too), and one
+LLaDA-8B-wide block on the meta device.
 
 Bounds (docs/plan.md, "Validated"): the parts alive through the step within 1 %; the peak of the whole step, of the
 update, and (bf16 rollouts) of the rollout and likelihood phases within 5 %; forward rows per phase exactly; the bytes
@@ -262,12 +262,30 @@ def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
         assert 0.85 * rows <= got_rows[key] <= rows, (key, got_rows[key], rows)
 
 
-def test_forward_rows_of_a_dream_step_with_the_trajectory_ratio_are_the_planned_ones():
-    """tiny-dream with the trajectory mismatch ratio: Dream's path replay runs every sampler step on the master and on
-    the FP8 copy (the plan counted the master alone, at LLaDA's head, before)."""
+DREAM_STEPS = {  # tiny-dream's rows of `dllm-ais plan` against a measured step
+    "one_step": {},
+    "trajectory-ratio": dict(mismatch_estimator="trajectory"),
+    "trajectory-policy": dict(policy_logprob="trajectory"),
+    "dual-cache": dict(mismatch_estimator="trajectory", policy_logprob="trajectory", cache="dual"),
+}
+
+
+@pytest.mark.parametrize("name", list(DREAM_STEPS))
+def test_forward_rows_of_a_dream_step_are_the_planned_ones(name):
+    """tiny-dream: the sampler's forwards, the one-step likelihood's (exact), and Dream's trajectory replays — the
+    mismatch ratio's π_old (log μ recorded by the sampler), the policy's replay with the cache as it ran — counted as
+    LLaDA's (upper bounds: canvases with nothing to score are skipped, tight on this task)."""
     base = get_preset("tiny-dream")
-    preset = replace(base, train=replace(base.train, mismatch_estimator="trajectory"))
+    changes = dict(DREAM_STEPS[name])
+    sampler = replace(base.sampler, cache=changes.pop("cache")) if "cache" in changes \
+        else base.sampler
+    preset = replace(base, sampler=sampler, train=replace(base.train, **changes))
     plan = make_plan(preset, "h100", device="cpu")
     got, want = _measured_and_planned(preset, plan)
-    assert any("Dream path" in p.what and p.model == "rollout" for p in step_passes(plan.workload))
-    assert got == want
+    if name == "one_step":
+        assert got == want
+        return
+    got_rows, want_rows = _rows_by(got.items()), _rows_by(want.items())
+    assert set(got_rows) == set(want_rows)
+    for key, rows in want_rows.items():
+        assert 0.85 * rows <= got_rows[key] <= rows, (key, got_rows[key], rows)

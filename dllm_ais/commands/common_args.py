@@ -35,6 +35,21 @@ def add_sampler_args(p: argparse.ArgumentParser) -> None:
                    help="which masked positions each step commits: the most confident ones, or random ones")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (0 = off)")
     add_fast_sampler_args(p)
+    add_dream_args(p)
+
+
+def add_dream_args(p: argparse.ArgumentParser) -> None:
+    """Dream's position rule (`train` and `sample`; docs/models.md)."""
+    from dllm_ais.config import POSITION_RULES
+
+    p.add_argument("--dream-alg", default=None, choices=POSITION_RULES, help="Dream only: which masked positions a "
+                   "step commits — entropy (Dream's evaluation rule), maskgit_plus (top-1 probability), topk_margin "
+                   "(top-1 minus top-2) or origin (random order); overrides --remasking and the checkpoint's "
+                   "generation_config.json (whose released 'origin' is never taken for low_confidence); default: the "
+                   "preset's")
+    p.add_argument("--dream-alg-temp", type=float, default=None, metavar="T", help="Dream only: 0 = commit the most "
+                   "confident positions, > 0 = draw them from softmax(confidence / T); default: the preset's, else "
+                   "the checkpoint's, else 0")
 
 
 def add_fast_sampler_args(p: argparse.ArgumentParser, needs: str = "") -> None:

@@ -41,7 +41,8 @@ FIELD_FLAGS = {
     "PolicyLikelihoodConfig.dtreerpo_segments": "--dtreerpo-segments",
     "TrainConfig.mismatch_estimator": "--mismatch-estimator", "TrainConfig.trajectory_steps": "--trajectory-steps",
     "TrainConfig.policy_logprob": "--policy-logprob", "TrainConfig.trajectory_selection": "--trajectory-selection",
-    "SamplerConfig.max_commit_per_step": "--max-commit-per-step",
+    "SamplerConfig.max_commit_per_step": "--max-commit-per-step", "SamplerConfig.dream_alg": "--dream-alg",
+    "SamplerConfig.dream_alg_temp": "--dream-alg-temp",
     "TrainConfig.save_every_minutes": "--save-every-minutes", "TrainConfig.keep_checkpoints": "--keep-checkpoints",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""

@@ -65,10 +65,11 @@ def add_correction_args(p: argparse.ArgumentParser) -> None:
 
 def add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
     """`train`: Fast-dLLM rollouts (KV cache, threshold decoding) and the mismatch estimator that can see them."""
-    from dllm_ais.commands.common_args import add_fast_sampler_args
+    from dllm_ais.commands.common_args import add_dream_args, add_fast_sampler_args
     from dllm_ais.config import MISMATCH_ESTIMATORS, POLICY_LOGPROBS
 
     add_fast_sampler_args(p, needs=" (needs --mismatch-estimator trajectory)")
+    add_dream_args(p)
     p.add_argument("--mismatch-estimator", default=None, choices=MISMATCH_ESTIMATORS,
                    help="diffusion log-ratio: elbo (coupled MC-ELBO, default) or trajectory (replay of the "
                    "recorded denoising canvases under pi_old; sees --cache/--threshold)")

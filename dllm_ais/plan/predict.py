@@ -215,8 +215,7 @@ def speedups(plan: Plan, preset) -> list[Fix]:
     if w.rollout_precision == "fp8" and GPUS[plan.gpu].fp8_tflops is None:
         tries.append(("--rollout-precision bf16", replace(preset, train=replace(tc, rollout_precision="bf16"))))
     blocks = w.gen_length // w.block_length
-    cached_ratio = get_family(preset.model.family).cached_trajectory_ratio  # Dream's replays uncached rollouts only
-    if w.cache == "none" and w.sampler_steps // blocks >= 2 and preset.sampler.temperature > 0 and cached_ratio:
+    if w.cache == "none" and w.sampler_steps // blocks >= 2 and preset.sampler.temperature > 0:
         tries.append((f"--cache dual --mismatch-estimator trajectory --trajectory-steps {blocks} (Fast-dLLM's dual "
                       "cache; the ELBO cannot see a cache)",
                       replace(preset, sampler=replace(preset.sampler, cache="dual"),

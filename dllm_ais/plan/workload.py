@@ -106,8 +106,10 @@ class Workload:
     trajectory_merge: int = 1
     """--trajectory-merge: consecutive sampler steps scored in one replayed canvas."""
     family: str = "llada"
-    """Model family (ModelConfig.family; dllm_ais/families.py): e.g. whether its trajectory ratio replays every step on
-    master and copy (`replays_every_step`, Dream)."""
+    """Model family (ModelConfig.family; dllm_ais/families.py)."""
+    replay_steps: int | None = None
+    """Canvases a trajectory replay scores per sequence: the steps that commit (the family's `plan_commit_steps`),
+    or --trajectory-steps K of them; None = every sampler step."""
 
     @property
     def canvas(self) -> int:
@@ -234,11 +236,10 @@ def likelihood_passes(w: Workload) -> list[Pass]:
         for model, who in (("master", "π_old"), ("rollout", "μ")):  # same draws; head: the masked positions (≤ L)
             out.append(Pass("likelihood", f"mismatch ELBO of {who} ({w.mismatch_draws} draws)", model, calls, per_call,
                             T, T, L))
-    elif w.mismatch == "trajectory" and (family := get_family(w.family)).replays_every_step:  # e.g. Dream's
-        for model in ("master", "rollout"):  # path_terms: every step, both models, logits over the whole completion
-            out.append(Pass("likelihood", f"mismatch {family.title} path replay", model, nfe(w), B, T, T, L))
-    elif w.mismatch == "trajectory":  # log μ was recorded by the sampler: only π_old replays
-        replayed = w.trajectory_steps if w.trajectory_steps is not None else nfe(w)
+    elif w.mismatch == "trajectory" and w.policy != "trajectory":  # log μ was recorded by the sampler: only π_old
+        # replays (with a trajectory policy ℓ reuses the policy's π_old replay: train/step_mismatch.py)
+        replayed = w.replay_steps if w.replay_steps is not None else (
+            w.trajectory_steps if w.trajectory_steps is not None else nfe(w))
         out.append(Pass("likelihood", "mismatch trajectory replay", "master", replayed, B, T, T,
                         _committed_per_step(w)))
     if w.beta > 0:
@@ -317,8 +318,11 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     graphed = get_family(preset.model.family).graphed_sampling
     compiled = device == "cuda" and (sc.compile or sc.cuda_graphs != "off") and graphed
     policy, merge = tc.policy_logprob, tc.trajectory_merge
+    family = get_family(preset.model.family)
+    committing = family.plan_commit_steps(sc) if family.plan_commit_steps is not None else sc.steps
+    replayed = min(tc.trajectory_steps, committing) if tc.trajectory_steps is not None else committing
     if policy == "trajectory":
-        draws = -(-(tc.trajectory_steps if tc.trajectory_steps is not None else sc.steps) // merge)
+        draws = -(-replayed // merge)
     elif policy == "one_step":
         draws = 1
     else:  # a mask-draw likelihood: its registry object knows its rows (mdpo, dtreerpo: capped by the steps)
@@ -335,4 +339,4 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
         num_iterations=gc.num_iterations, beta=gc.beta, mismatch=mismatch_kind(preset),
         mismatch_draws=tc.mismatch_num_draws, trajectory_steps=tc.trajectory_steps, bypass=preset.correction.bypass,
         gpus=gpus, fsdp=fsdp, gradient_checkpointing=gradient_checkpointing, train_steps=tc.steps, policy=policy,
-        policy_draws=draws, trajectory_merge=merge, family=preset.model.family)
+        policy_draws=draws, trajectory_merge=merge, family=preset.model.family, replay_steps=replayed)

@@ -95,6 +95,22 @@ class DiffusionBackend:
     is_causal: bool = False
 
     @property
+    def replay_config(self):
+        """The sampler config a trajectory replay reads (a family's own, e.g. Dream's DreamSamplerConfig)."""
+        return self.sampler
+
+    @property
+    def chunk_terms(self):
+        """A family's replay of one chunk of canvases (likelihood/trajectory.py `_chunk_terms`'s signature); None =
+        LLaDA's."""
+        return None
+
+    @property
+    def uncached_chunk_terms(self):
+        """Its variant with exact uncached logits (the mismatch ratio's π_old); None: `chunk_terms` with cache none."""
+        return None
+
+    @property
     def uses_trajectory(self) -> bool:
         """The rollouts' canvases are replayed (policy likelihood or mismatch ratio): a plan is drawn per rollout."""
         return self.policy_logprob == "trajectory" or self.mismatch_estimator == "trajectory"
@@ -180,8 +196,9 @@ class DiffusionBackend:
             plan = self._plan(rollout)
             if rows is not None:
                 rollout, plan = rollout_rows(rollout, rows), plan.for_rows(rows)
-            return policy_token_logp(model, rollout, plan, self.sampler, mask_token_id=self.mask_token_id,
-                                     selection=self.trajectory_selection, chunk_size=self.trajectory_chunk_size)
+            return policy_token_logp(model, rollout, plan, self.replay_config, mask_token_id=self.mask_token_id,
+                                     selection=self.trajectory_selection, chunk_size=self.trajectory_chunk_size,
+                                     chunk_terms=self.chunk_terms)
         if self.policy is not None:  # a mask-draw likelihood: one draw per seed for the whole batch
             idx = slice(None) if rows is None else rows
             return self.policy.token_logp(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
@@ -228,8 +245,9 @@ class DiffusionBackend:
                                                                                                         generator)
         est = trajectory_log_ratio(model_old, model_rollout, rollout, temperature=self.sampler.temperature,
                                    mask_token_id=self.mask_token_id, plan=plan, chunk_size=self.trajectory_chunk_size,
-                                   cfg_scale=self.sampler.cfg_scale, config=self.sampler,
-                                   selection=self.trajectory_selection)
+                                   cfg_scale=self.sampler.cfg_scale, config=self.replay_config,
+                                   selection=self.trajectory_selection, chunk_terms=self.chunk_terms,
+                                   uncached_chunk_terms=self.uncached_chunk_terms)
         return est.token_log_ratio if level != "sequence" else est.log_ratio
 
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:

@@ -50,12 +50,15 @@ def check_model_source(mc) -> None:
     get_family(mc.family).check_source(resolve_checkpoint_dir(mc.path))
 
 
-def check_family_sampler(preset) -> None:
-    """The family's sampler settings built with the checkpoint's own (e.g. Dream's alg) and checked before the run
-    directory exists: e.g. Dream's --threshold without a cache is refused here, not after the first write."""
+def resolve_family_sampler(preset) -> tuple[Preset, str | None, dict | None]:
+    """The family's sampler settings resolved against the checkpoint's own (e.g. Dream's alg) and checked before the
+    run directory exists (e.g. Dream's --threshold with entropy is refused here, not after the first write):
+    (the preset with what runs made explicit, the line saying what the checkpoint sets and what runs, both as a dict
+    for config.json) — (preset, None, None) for a family without such settings."""
     family = get_family(preset.model.family)
-    if family.check_sampler is not None:
-        family.check_sampler(preset)
+    if family.resolve_sampler is None:
+        return preset, None, None
+    return family.resolve_sampler(preset)
 
 
 def task_config_kwargs(fn, options: dict) -> dict:
@@ -212,13 +215,16 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     check_trackers(preset.train.report_to)  # so does a tracker whose package is missing
     if not resume:
         check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind
-    check_family_sampler(preset)  # and a sampler its checkpoint's settings cannot run (Dream's alg)
+    preset, sampling_line, sampling = resolve_family_sampler(preset)  # and a sampler its checkpoint cannot run
     ckpt = resume_checkpoint(run, state, hash_check) if resume else None  # no intact one: refused before any write
     state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
     if state.is_main_process:
-        preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
+        extra = {} if sampling is None else {"sampling": sampling}  # what the checkpoint set, what runs
+        preset = run.create(preset, resume=False, extra=extra) if not resume else run.update_config(preset)
         if not resume:  # said when the run starts, not only at its end (a resume names its checkpoint instead)
             print(f"run directory: {run.path}\n{preset.summary()}", file=sys.stderr, flush=True)
+        if sampling_line is not None:
+            print(sampling_line, file=sys.stderr, flush=True)
     if resume and state.is_main_process and ckpt is None:
         print(f"--resume: {_sft_state(run, preset.train.sft_steps)}", file=sys.stderr, flush=True)
     if preset.model.device.startswith("cuda"):  # each process loads onto its own GPU

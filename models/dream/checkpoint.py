@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from dllm_ais.families import FAMILIES  # noqa: F401  (the registry first: it imports models/dream/family.py)
 from dllm_ais.models.checkpoint import (
     CheckpointError,
     _read_json,
@@ -21,13 +22,14 @@ from dllm_ais.models.checkpoint import (
     fill_token_ids,
     load_checked_model,
 )
+from dllm_ais.models.dream.family import ALGORITHMS
 from dllm_ais.models.dream.model import DreamConfig, DreamModel
 from dllm_ais.models.hub import read_json_object
 
 DREAM_MODEL_TYPES = ("Dream", "dream")
 """config.json `model_type` values of a Dream checkpoint (the official one is "Dream")."""
-DREAM_ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-"""Dream's `alg` values (generation_utils.py `sample_tokens`); models/dream/selection.py reads them from here."""
+DREAM_ALGORITHMS = ALGORITHMS
+"""Dream's `alg` values (generation_utils.py `sample_tokens`; the registry record's, models/dream/family.py)."""
 SAMPLING_KEYS = ("alg", "alg_temp", "top_p", "top_k")
 """Dream generation settings a checkpoint's generation_config.json may fix (DreamGenerationConfig's names)."""
 

@@ -18,11 +18,14 @@ up to the summation order of the wider GEMM. Not (yet) here: producers that emit
 compute RMSNorm and RoPE in LLaDA's rounding order, which differs from Dream's in bf16).
 
 `build_fused_dream(master, backend)` / `sync_fused_dream(master, rollout)`: the master (plain or peft-wrapped
-DreamModel, LoRA merged on the fly) keeps the official names; sync writes each master tensor into its row slice of
-the fused buffers in place. Embeddings, norms and the LM head stay in the master's dtype.
+DreamModel, LoRA merged on the fly; or FSDP2-sharded, one layer gathered at a time) keeps the official names; sync
+writes each master tensor into its row slice of the fused buffers in place. Embeddings, norms and the LM head stay in
+the master's dtype.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -116,10 +119,9 @@ class FusedDream(nn.Module):
         return self.config.mask_token_id
 
     def sync_from(self, master: nn.Module, gather=None, full=None) -> None:
-        """Refill this copy from an unsharded master in place (fp8/sync.py `sync_weights` calls it)."""
-        if gather is not None:
-            raise NotImplementedError("sync_weights: the fused Dream copy syncs from an unsharded master only.")
-        sync_fused_dream(master, self)
+        """Refill this copy from the master in place (fp8/sync.py `sync_weights` calls it; `gather` / `full` for an
+        FSDP2-sharded master, train/fsdp_sync.py)."""
+        sync_fused_dream(master, self, gather=gather, full=full)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -146,17 +148,25 @@ def dream_master(model: nn.Module) -> DreamModel | None:
 
 
 @torch.no_grad()
-def sync_fused_dream(master: nn.Module, rollout: FusedDream) -> None:
-    """Copy the master's current weights (LoRA merged) into the fused rollout copy, in place."""
+def sync_fused_dream(master: nn.Module, rollout: FusedDream, gather=None, full=None) -> None:
+    """Copy the master's current weights (LoRA merged) into the fused rollout copy, in place, one tensor at a time.
+
+    `gather(module)` / `full(tensor)` (FSDP2, dllm_ais/train/fsdp_sync.py, as LLaDA's `sync_per_tensor`): a context
+    manager that makes one master layer's sharded parameters (weight, bias, LoRA factors) whole while it is read, and
+    the whole of one sharded tensor; default: the master is unsharded."""
+    gather = gather or contextlib.nullcontext
+    full = full or (lambda t: t)
     peft_root = hasattr(master, "peft_config")
     layers = {canonical_name(n, peft_root): m for n, m in linear_layers(master).items()}
     tensors = {canonical_name(n, peft_root): t for n, t in named_tensors(master)}
 
     def copy(target: torch.Tensor, name: str) -> None:
-        source = effective_weight(layers[name])[0] if name in layers else tensors[name]
-        if source.shape != target.shape:
-            raise KeyError(f"sync: master tensor {name!r} {tuple(source.shape)} does not fit {tuple(target.shape)}")
-        target.copy_(source.detach())
+        if name in layers:
+            with gather(layers[name]):
+                source = effective_weight(layers[name])[0]
+                _checked_copy(target, source, name)
+        else:
+            _checked_copy(target, full(tensors[name].detach()), name)
 
     copy(rollout.embed_tokens.weight, "model.embed_tokens.weight")
     copy(rollout.norm.weight, "model.norm.weight")
@@ -168,10 +178,17 @@ def sync_fused_dream(master: nn.Module, rollout: FusedDream) -> None:
         for fused in FUSED_PARTS:
             target = getattr(layer, fused)
             for name, offset in layer.part_offsets(fused):
-                weight, bias = effective_weight(layers[prefix + name])
-                load_rows(target, offset, weight)
-                if bias is not None:
-                    target.bias[offset:offset + bias.shape[0]].copy_(bias.detach())
+                with gather(layers[prefix + name]):  # one master linear whole at a time
+                    weight, bias = effective_weight(layers[prefix + name])
+                    load_rows(target, offset, weight)
+                    if bias is not None:
+                        target.bias[offset:offset + bias.shape[0]].copy_(bias.detach())
+
+
+def _checked_copy(target: torch.Tensor, source: torch.Tensor, name: str) -> None:
+    if source.shape != target.shape:
+        raise KeyError(f"sync: master tensor {name!r} {tuple(source.shape)} does not fit {tuple(target.shape)}")
+    target.copy_(source.detach())
 
 
 @torch.no_grad()

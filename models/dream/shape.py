@@ -1,5 +1,5 @@
 """Dream for `dllm-ais plan` (the family's plan hooks): its config, its parameters by part and the bytes of its
-rollout copies, counted on the meta device (no weights, no download)."""
+rollout copies, counted on the meta device (no weights, no download), and the steps of its schedule that commit."""
 
 from __future__ import annotations
 
@@ -61,3 +61,28 @@ def plan_copy_bytes(config, precision: str, dtype: torch.dtype, fp8_backend: str
                 total += 4 * (n * k + bias)
     rest = sum(p.numel() for p in model.parameters()) - replaced
     return total + rest * dtype.itemsize
+
+
+def plan_commit_steps(sampler) -> int:
+    """The sampler steps that commit a token in a sequence (models/dream/sampler.py): Dream's schedule commits
+    int(masks · (1 − s/t)) at a step, 0 at the first when steps = L, so a trajectory replay scores fewer canvases than
+    the sampler runs forwards. Cached: per block its refresh plus the window steps with k > 0. origin (a random number
+    per step) and the threshold: every step (the uncached threshold's shortfalls add forwards beyond `steps`: there
+    this is a lower bound)."""
+    from dllm_ais.models.dream.family import runs_origin
+    from dllm_ais.models.dream.selection import scheduled_count
+
+    if runs_origin(sampler) or sampler.threshold is not None:
+        return sampler.steps
+
+    def committing(masks: int, first: int, steps: int) -> int:
+        n = 0
+        for i in range(first, steps):
+            k = scheduled_count(torch.ones(1, masks, dtype=torch.bool), i, steps, 1e-3)
+            n, masks = n + (k > 0), masks - k
+        return n
+
+    if sampler.cache == "none":
+        return committing(sampler.gen_length, 0, sampler.steps)
+    blocks = sampler.gen_length // sampler.block_length
+    return blocks * (1 + committing(sampler.block_length - 1, 1, sampler.steps // blocks))
