@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from dllm_ais.families import FAMILIES, get_family
+from dllm_ais.families import FAMILIES, foreign_sampler_setting, get_family
 from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
 CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
+SDAR_STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "sequential")
+"""Block diffusion's commit rules (SDAR `block_diffusion_generate`; models/sdar/selection.py is their law)."""
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
 POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg")
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
@@ -85,6 +87,14 @@ class SamplerConfig:
     the per-kernel launch cost that bounds small steps (the FP8 window step). `auto` = on for CUDA rollouts, eager
     elsewhere or (with a warning) where a capture fails; `on` = graphs or a one-line refusal (not CUDA, not a module);
     `off` = never. Same results as eager up to kernel choice; with `compile` the compiled step is captured."""
+    sdar_strategy: str | None = None
+    """Block diffusion (SDAR) only: which masked slots of the block a step commits — low_confidence_static (the
+    step's quota, most confident first), low_confidence_dynamic (every slot with confidence > sdar_threshold when
+    they reach the quota, else the quota's most confident), sequential (the quota's leftmost). None = the family's
+    default (SDAR: low_confidence_dynamic). Other families refuse it."""
+    sdar_threshold: float | None = None
+    """Block diffusion (SDAR) only: τ of low_confidence_dynamic, in (0, 1) (None = the family's default, SDAR 0.9:
+    TraDo's rollout setting). Other families refuse it."""
 
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
@@ -109,6 +119,11 @@ class SamplerConfig:
             raise ValueError(f"SamplerConfig.cache={self.cache!r}: use one of {', '.join(CACHE_MODES)}.")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"SamplerConfig.threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
+        if self.sdar_strategy is not None and self.sdar_strategy not in SDAR_STRATEGIES:
+            raise ValueError(f"SamplerConfig.sdar_strategy={self.sdar_strategy!r}: use one of "
+                             f"{', '.join(SDAR_STRATEGIES)}.")
+        if self.sdar_threshold is not None and not 0.0 < self.sdar_threshold < 1.0:
+            raise ValueError(f"SamplerConfig.sdar_threshold={self.sdar_threshold} must be in (0, 1).")
         if self.max_commit_per_step is not None:
             if self.threshold is None:
                 raise ValueError(f"SamplerConfig.max_commit_per_step={self.max_commit_per_step} caps threshold "
@@ -356,6 +371,8 @@ class Preset:
             raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
                              "it needs --rollout-precision fp8 (or use --train-forward bf16).")
         family = get_family(self.model.family)
+        if why := foreign_sampler_setting(family, self.sampler):
+            raise ValueError(why)
         if family.diffusion:
             self._check_mismatch_estimator()
             self._check_policy_logprob()

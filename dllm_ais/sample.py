@@ -18,7 +18,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     check_device(args.device)
 
-    from dllm_ais.families import get_family
+    from dllm_ais.families import foreign_sampler_setting, get_family
     from dllm_ais.models.load import encode_prompts
 
     from_run = args.run is not None or (args.model is not None and is_checkpoint_dir(args.model))
@@ -49,8 +49,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
     sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold,
-                           cuda_graphs=args.cuda_graphs)
+                           cuda_graphs=args.cuda_graphs, sdar_strategy=args.sdar_strategy,
+                           sdar_threshold=args.sdar_threshold)
     family = get_family(model_cfg.family)
+    if why := foreign_sampler_setting(family, sampler_cfg):
+        raise ValueError(why)
     if not family.diffusion and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
         raise ValueError("--cache/--threshold apply to diffusion (LLaDA, Dream) sampling only; drop them for this "
                          "model.")

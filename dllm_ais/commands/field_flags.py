@@ -40,6 +40,7 @@ FIELD_FLAGS = {
     "TrainConfig.mismatch_estimator": "--mismatch-estimator", "TrainConfig.trajectory_steps": "--trajectory-steps",
     "TrainConfig.policy_logprob": "--policy-logprob", "TrainConfig.trajectory_selection": "--trajectory-selection",
     "SamplerConfig.max_commit_per_step": "--max-commit-per-step",
+    "SamplerConfig.sdar_strategy": "--sdar-strategy", "SamplerConfig.sdar_threshold": "--sdar-threshold",
     "TrainConfig.save_every_minutes": "--save-every-minutes", "TrainConfig.keep_checkpoints": "--keep-checkpoints",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""
