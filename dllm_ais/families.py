@@ -105,6 +105,7 @@ FAMILY_MODULES = (
     "dllm_ais.models.llada.family",
     "dllm_ais.models.qwen.family",
     "dllm_ais.models.dream.family",
+    "dllm_ais.models.sdar.family",
 )
 """The registry: one line per family, the module holding its `FAMILY` record (in the order help text lists them)."""
 

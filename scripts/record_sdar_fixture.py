@@ -7,7 +7,9 @@ JetAstra/SDAR@c2041a8 `generate.py` and `training/model/SDAR-4B-Chat/{modeling,c
 flash-attn's two inference calls replaced by their exact eager equivalents (`rms_norm_fn`: float32 normalise and scale,
 cast once; `flash_attn_func(causal=False)`: softmax attention over every key, GQA by head groups).
 Run: PYTHONPATH=SCRATCH/official:SCRATCH/stubs OMP_NUM_THREADS=1 SCRATCH/venv/bin/python
-     scripts/record_sdar_fixture.py OUT_DIR [--draws N] [--no-draws]
+     scripts/record_sdar_fixture.py OUT_DIR [--draws N] [--no-draws | --draw-setting I]
+(`--draw-setting I [--seed S]`: only draw setting I, written to OUT_DIR/draws_I_S.json, so settings and seeds run
+in parallel processes; the fixture's `draws` list holds each setting's counts summed over its files.)
 
 Writes OUT_DIR/{config.json, generation_config.json, model.safetensors, logits.safetensors, generate.json}.
 - logits: canvases through the official SDARForCausalLM in eval mode: block-causal whole canvases (generate.py's
@@ -180,8 +182,9 @@ def record(prompt_seed, P, seed=0, **kw):
 
 generations, seeded, draws, stable = [], [], [], []
 STRATS = ("low_confidence_static", "low_confidence_dynamic", "sequential")
+only = int(sys.argv[sys.argv.index("--draw-setting") + 1]) if "--draw-setting" in sys.argv else None
 with torch.no_grad():
-    for strategy in STRATS:
+    for strategy in STRATS if only is None else ():
         for P in (8, 6, 3, 1):
             for Lb, S, L in ((4, 4, 8), (4, 2, 12), (8, 3, 16)):
                 kw = dict(gen_length=L, block_length=Lb, denoising_steps=S, temperature=1.0, top_k=1,
@@ -203,17 +206,20 @@ with torch.no_grad():
                 kw = dict(gen_length=8, block_length=4, denoising_steps=2, temperature=temp, top_k=top_k,
                           top_p=top_p, remasking_strategy=strategy, confidence_threshold=tau)
                 seeded.append(record(200 + P, P, seed=seed, **kw))
+    # (strategy, prompt length, top_k, top_p, τ, steps): no setting lets a quota exceed the masks left (dynamic with
+    # one token per step), where the official code would overwrite committed slots and sample another law
+    DRAW_SETTINGS = (("low_confidence_static", 4, 3, 1.0, 0.9, 2), ("low_confidence_dynamic", 2, 2, 1.0, 0.6, 4))
     if "--no-draws" not in sys.argv:
-        for strategy, P, top_k, top_p, tau in (("low_confidence_static", 4, 3, 1.0, 0.9),
-                                               ("low_confidence_dynamic", 4, 3, 1.0, 0.45),
-                                               ("low_confidence_dynamic", 2, 2, 1.0, 0.6),
-                                               ("sequential", 3, 4, 0.7, 0.9)):
+        for i, (strategy, P, top_k, top_p, tau, steps) in enumerate(DRAW_SETTINGS):
+            if only is not None and i != only:
+                continue
             prompt = tokens(300 + P, P)
-            kw = dict(gen_length=4, block_length=4, denoising_steps=2, temperature=1.0, top_k=top_k, top_p=top_p,
+            kw = dict(gen_length=4, block_length=4, denoising_steps=steps, temperature=1.0, top_k=top_k, top_p=top_p,
                       remasking_strategy=strategy, confidence_threshold=tau)
             counts, nfes, over = {}, {}, 0
-            torch.manual_seed(0)
-            for _ in range(DRAWS):
+            seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
+            torch.manual_seed(seed)
+            for _ in range(DRAWS):  # one row per call: generate.py:89 allocates a batch-1 canvas
                 NFE[0] = OVER[0] = 0
                 x = official.block_diffusion_generate(model, {"input_ids": prompt[None]}, MASK, **kw)
                 key = " ".join(map(str, x[0, P:].tolist()))
@@ -221,10 +227,15 @@ with torch.no_grad():
                 nfes[NFE[0]] = nfes.get(NFE[0], 0) + 1
                 over += OVER[0]
             draws.append(dict(prompt=prompt.tolist(), settings=kw, draws=DRAWS, counts=counts, nfe=nfes,
-                              overwrites=over))
+                              overwrites=over, seed=seed))
             print(strategy, len(counts), "distinct", nfes, "overwrites", over, flush=True)
 
 import transformers  # noqa: E402
+
+if only is not None:
+    with open(f"{OUT}/draws_{only}_{draws[0]['seed']}.json", "w") as f:
+        json.dump(draws[0], f)
+    sys.exit(0)
 
 with open(f"{OUT}/generate.json", "w") as f:
     json.dump(dict(torch=torch.__version__, transformers=transformers.__version__, generate=generations,
