@@ -1,6 +1,6 @@
 """SDAR's sampler against the official `block_diffusion_generate` (tests/fixtures/sdar_tiny/generate.json, recorded
-by scripts/record_sdar_fixture.py): T = 0 tokens and NFE for each strategy, seeded T > 0 runs token for token;
-batched rows against batch-1 runs; the CUDA-graph plumbing on CPU (eager_capture)."""
+by scripts/record_sdar_fixture.py): T = 0 tokens and NFE for each strategy, seeded T > 0 runs token for token, and
+20,000-draw G-tests; batched rows against batch-1 runs; the CUDA-graph plumbing on CPU (eager_capture)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dream_helpers import g_test_two_sample
 
 from dllm_ais.models.sdar.checkpoint import load_sdar
 from dllm_ais.models.sdar.sampler import SDARSamplerConfig, sdar_sample
@@ -75,6 +76,29 @@ def test_seeded_draws_equal_the_official_ones(official):
         r = _run(model, rec, seed=rec["seed"])
         got = r.completion_ids[0][r.commit_step[0] >= 0].tolist()
         assert got == _official_tokens(rec) and r.nfe == rec["nfe"], rec["settings"]
+
+
+@pytest.mark.slow
+def test_draw_frequencies_equal_the_official_ones(official):
+    """20,000 draws per setting (static with top_k 3; dynamic with top_k 2, a prompt tail and one token a step), our
+    batched sampler against 20,000 official batch-1 calls: a G-test of homogeneity over completions (p > 0.01)."""
+    model, fx = official
+    assert len(fx["draws"]) == 2
+    for rec in fx["draws"]:
+        n = rec["draws"]
+        prompt = torch.tensor(rec["prompt"])[None].expand(n, -1)
+        r = sdar_sample(model, prompt, torch.ones_like(prompt, dtype=torch.bool), _config(rec["settings"]), MASK, [],
+                        generator=torch.Generator().manual_seed(7))
+        keys = [" ".join(map(str, row.tolist())) for row in r.completion_ids]
+        ours: dict[str, int] = {}
+        for k in keys:
+            ours[k] = ours.get(k, 0) + 1
+        support = sorted(set(ours) | set(rec["counts"]))
+        a = torch.tensor([ours.get(k, 0) for k in support])
+        b = torch.tensor([rec["counts"].get(k, 0) for k in support])
+        G, df, p = g_test_two_sample(a, b)
+        print(rec["settings"]["remasking_strategy"], f"G={G:.1f} df={df} p={p:.3f}")
+        assert p > 0.01, (rec["settings"], G, df, p)
 
 
 def test_batched_rows_equal_their_batch_one_runs():
