@@ -89,10 +89,8 @@ def test_draw_frequencies_equal_the_official_ones(official):
         prompt = torch.tensor(rec["prompt"])[None].expand(n, -1)
         r = sdar_sample(model, prompt, torch.ones_like(prompt, dtype=torch.bool), _config(rec["settings"]), MASK, [],
                         generator=torch.Generator().manual_seed(7))
-        keys = [" ".join(map(str, row.tolist())) for row in r.completion_ids]
-        ours: dict[str, int] = {}
-        for k in keys:
-            ours[k] = ours.get(k, 0) + 1
+        rows, counts = torch.unique(r.completion_ids, dim=0, return_counts=True)
+        ours = {" ".join(map(str, row)): int(c) for row, c in zip(rows.tolist(), counts, strict=True)}
         support = sorted(set(ours) | set(rec["counts"]))
         a = torch.tensor([ours.get(k, 0) for k in support])
         b = torch.tensor([rec["counts"].get(k, 0) for k in support])
