@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from dllm_ais.families import FAMILIES, get_family
+from dllm_ais.families import FAMILIES, foreign_sampler_setting, get_family
 from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
@@ -15,6 +15,8 @@ CACHE_MODES = ("none", "prefix", "dual")
 CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
 POSITION_RULES = tuple(dict.fromkeys(r for f in FAMILIES.values() for r in f.position_rules))
 """Every family's named position rules (--dream-alg: Dream's `alg` values, models/dream/family.py)."""
+SDAR_STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "sequential")
+"""Block diffusion's commit rules (SDAR `block_diffusion_generate`; models/sdar/selection.py is their law)."""
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
 POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg", "mdpo", "dtreerpo")
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
@@ -95,6 +97,14 @@ class SamplerConfig:
     dream_alg_temp: float | None = None
     """Dream's alg_temp: 0 = commit the most confident positions, > 0 = draw them from softmax(confidence / alg_temp);
     None = the checkpoint's generation_config.json alg_temp, else 0."""
+    sdar_strategy: str | None = None
+    """Block diffusion (SDAR) only: which masked slots of the block a step commits — low_confidence_static (the
+    step's quota, most confident first), low_confidence_dynamic (every slot with confidence > sdar_threshold when
+    they reach the quota, else the quota's most confident), sequential (the quota's leftmost). None = the family's
+    default (SDAR: low_confidence_dynamic). Other families refuse it."""
+    sdar_threshold: float | None = None
+    """Block diffusion (SDAR) only: τ of low_confidence_dynamic, in (0, 1) (None = the family's default, SDAR 0.9:
+    TraDo's rollout setting). Other families refuse it."""
 
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
@@ -124,6 +134,11 @@ class SamplerConfig:
                              "confident positions).")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"SamplerConfig.threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
+        if self.sdar_strategy is not None and self.sdar_strategy not in SDAR_STRATEGIES:
+            raise ValueError(f"SamplerConfig.sdar_strategy={self.sdar_strategy!r}: use one of "
+                             f"{', '.join(SDAR_STRATEGIES)}.")
+        if self.sdar_threshold is not None and not 0.0 < self.sdar_threshold < 1.0:
+            raise ValueError(f"SamplerConfig.sdar_threshold={self.sdar_threshold} must be in (0, 1).")
         if self.max_commit_per_step is not None:
             if self.threshold is None:
                 raise ValueError(f"SamplerConfig.max_commit_per_step={self.max_commit_per_step} caps threshold "
@@ -400,6 +415,8 @@ class Preset:
             raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
                              "it needs --rollout-precision fp8 (or use --train-forward bf16).")
         family = get_family(self.model.family)
+        if why := foreign_sampler_setting(family, self.sampler):
+            raise ValueError(why)
         if family.diffusion:
             self._check_mismatch_estimator()
             self._check_policy_logprob()

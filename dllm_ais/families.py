@@ -99,12 +99,16 @@ class Family:
     """Uncached sampling has one block (evaluation sets block_length = gen_length without a cache)."""
     fsdp_fp8_refusal: str | None = None
     """Why FSDP with FP8 rollouts is refused for this family (None: supported)."""
+    sampler_fields: tuple[str, ...] = ()
+    """SamplerConfig fields only this family reads (e.g. SDAR's sdar_strategy): Preset refuses them, set, for any
+    other family."""
 
 
 FAMILY_MODULES = (
     "dllm_ais.models.llada.family",
     "dllm_ais.models.qwen.family",
     "dllm_ais.models.dream.family",
+    "dllm_ais.models.sdar.family",
 )
 """The registry: one line per family, the module holding its `FAMILY` record (in the order help text lists them)."""
 
@@ -117,6 +121,17 @@ def get_family(name: str) -> Family:
     if name not in FAMILIES:
         raise ValueError(f"model family {name!r} is unknown; use one of {', '.join(FAMILIES)}.")
     return FAMILIES[name]
+
+
+def foreign_sampler_setting(family: Family, sampler) -> str | None:
+    """One line naming a SamplerConfig field another family owns (`Family.sampler_fields`) that `sampler` sets for
+    `family`, or None."""
+    for owner in FAMILIES.values():
+        for name in owner.sampler_fields:
+            if name not in family.sampler_fields and getattr(sampler, name, None) is not None:
+                return (f"SamplerConfig.{name} is {owner.title}'s sampler setting; a {family.title} model has none: "
+                        "drop it.")
+    return None
 
 
 def family_of_config(data: dict) -> Family | None:

@@ -19,7 +19,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     check_device(args.device)
 
-    from dllm_ais.families import get_family
+    from dllm_ais.families import foreign_sampler_setting, get_family
     from dllm_ais.models.load import encode_prompts
 
     from_run = args.run is not None or (args.model is not None and is_checkpoint_dir(args.model))
@@ -56,11 +56,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
     sampler_cfg = override(base, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold,
-                           cuda_graphs=args.cuda_graphs, dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp)
+                           cuda_graphs=args.cuda_graphs, dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp,
+                           sdar_strategy=args.sdar_strategy, sdar_threshold=args.sdar_threshold)
     family = get_family(model_cfg.family)
     if not family.position_rules and (args.dream_alg, args.dream_alg_temp) != (None, None):
         raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
                          "none: drop them (--remasking chooses its rule).")
+    if why := foreign_sampler_setting(family, sampler_cfg):
+        raise ValueError(why)
     if not family.diffusion and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
         raise ValueError("--cache/--threshold apply to diffusion (LLaDA, Dream) sampling only; drop them for this "
                          "model.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dllm_ais.commands.help import DEFAULT_PRESET
-from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES
+from dllm_ais.config import CACHE_MODES, CUDA_GRAPH_MODES, SDAR_STRATEGIES
 from dllm_ais.families import FAMILIES
 from dllm_ais.presets import PRESETS
 
@@ -60,6 +60,13 @@ def add_fast_sampler_args(p: argparse.ArgumentParser, needs: str = "") -> None:
     p.add_argument("--threshold", type=float, default=None, metavar="F",
                    help="Fast-dLLM parallel decoding: each step commits every masked token of the block with "
                    f"confidence >= F (and at least one), in (0, 1]; default: the fixed schedule{needs}")
+    p.add_argument("--sdar-strategy", default=None, choices=SDAR_STRATEGIES,
+                   help="block diffusion (SDAR) only: which masked slots of the block each step commits — the "
+                   "quota's most confident (static), every slot above --sdar-threshold when they reach the quota "
+                   "(dynamic), or the quota's leftmost (sequential); default low_confidence_dynamic")
+    p.add_argument("--sdar-threshold", type=float, default=None, metavar="F",
+                   help="block diffusion (SDAR) only: low_confidence_dynamic's τ in (0, 1): slots with confidence "
+                   "> F commit (default 0.9)")
     p.add_argument("--cuda-graphs", default=None, choices=CUDA_GRAPH_MODES,
                    help="replay each static-shape sampler forward (refresh, window, uncached step) from a CUDA "
                    "graph: auto = on for CUDA rollouts (eager, with a warning, where a capture fails), on = graphs or "

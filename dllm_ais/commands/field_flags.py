@@ -43,6 +43,7 @@ FIELD_FLAGS = {
     "TrainConfig.policy_logprob": "--policy-logprob", "TrainConfig.trajectory_selection": "--trajectory-selection",
     "SamplerConfig.max_commit_per_step": "--max-commit-per-step", "SamplerConfig.dream_alg": "--dream-alg",
     "SamplerConfig.dream_alg_temp": "--dream-alg-temp",
+    "SamplerConfig.sdar_strategy": "--sdar-strategy", "SamplerConfig.sdar_threshold": "--sdar-threshold",
     "TrainConfig.save_every_minutes": "--save-every-minutes", "TrainConfig.keep_checkpoints": "--keep-checkpoints",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""

@@ -49,7 +49,8 @@ def train_preset(args: argparse.Namespace, base=None):
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
                    sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
                                     max_commit_per_step=args.max_commit_per_step, cuda_graphs=args.cuda_graphs,
-                                    dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp),
+                                    dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp,
+                                    sdar_strategy=args.sdar_strategy, sdar_threshold=args.sdar_threshold),
                    train=train, **_correction_overrides(args, preset))
 
 
