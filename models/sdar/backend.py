@@ -1,6 +1,6 @@
 """SDAR as a trainer backend — sampling only for now: DiffusionBackend's interface with SDAR's sampler
 (models/sdar/sampler.py). Training (its likelihoods: the block-wise ELBO, TraceRL, EBPO) is not built yet and is
-refused in one line before anything is written (`check_sampler`, which train/job.py calls first).
+refused in one line before anything is written (`resolve_sampler`, which train/job.py calls first).
 
 Sampling settings from SamplerConfig: gen_length, block_length, steps (the total: denoising_steps = steps /
 (gen_length / block_length) per block), temperature (0 = the official greedy T = 1, top_k = 1), sdar_strategy
@@ -63,7 +63,8 @@ def build_backend(sampler: SamplerConfig, model, tokenizer, train=None) -> SDARB
     return build_diffusion_backend(SDARBackend, sampler, model, train, sdar=sdar_sampler_config(sampler))
 
 
-def check_sampler(preset) -> None:
-    """Called by `dllm-ais train` before the run directory exists: SDAR does not train yet (one line)."""
+def resolve_sampler(preset):
+    """The family's resolve_sampler hook, called by `dllm-ais train` before the run directory exists: the sampler
+    settings are checked, then training is refused (one line): SDAR does not train yet."""
     sdar_sampler_config(preset.sampler)
     raise ValueError(TRAINING_REFUSAL)

@@ -25,9 +25,10 @@ from dllm_ais.models.checkpoint import (
     _read_json,
     checked_config,
     fill_token_ids,
+    check_model_files,
     load_checked_model,
-    read_json_object,
 )
+from dllm_ais.models.hub import read_json_object
 from dllm_ais.models.sdar.model import SDARConfig, SDARModel
 
 SDAR_MODEL_TYPES = ("sdar",)
@@ -68,8 +69,11 @@ def read_sdar_config(path: str | os.PathLike) -> SDARConfig:
 
 
 def check_sdar_source(path: str | os.PathLike) -> None:
-    """The family's source check: config.json parsed and checked (mask token, block size …), no tensor read."""
-    read_sdar_config(path)
+    """The family's source check, before anything is written: config.json parsed and checked (mask token, block
+    size …), and every tensor's name and shape in the safetensors headers against what it implies (no tensor read)."""
+    config = read_sdar_config(path)
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else None
+    check_model_files(SDARModel, config, Path(path), f"an SDAR model with {config.num_hidden_layers} layers", tied)
 
 
 def load_sdar(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,

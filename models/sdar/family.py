@@ -1,5 +1,5 @@
 """SDAR's registry record (dllm_ais/families.py) and what SDAR cannot do yet (`refusal`, applied by Preset before
-anything is written; training itself is refused by `check_sampler` in models/sdar/backend.py)."""
+anything is written; training itself is refused by `resolve_sampler` in models/sdar/backend.py)."""
 
 from __future__ import annotations
 
@@ -35,10 +35,8 @@ FAMILY = Family(
     check_source=Hook(f"{_M}.sdar.checkpoint:check_sdar_source"),
     lora_targets=Hook(f"{_M}.sdar.model:lora_target_regex"),
     backend=Hook(f"{_M}.sdar.backend:build_backend"),
-    check_sampler=Hook(f"{_M}.sdar.backend:check_sampler"),
+    resolve_sampler=Hook(f"{_M}.sdar.backend:resolve_sampler"),
     refusal=refusal,
-    replays_every_step=True,
-    cached_trajectory_ratio=False,
     fsdp_fp8_refusal="FSDP with FP8 rollouts of an SDAR model is not built yet; SDAR does not train yet.",
     sampler_fields=("sdar_strategy", "sdar_threshold"),
 )

@@ -89,7 +89,8 @@ class SDARConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.rms_norm_eps = rms_norm_eps
         self.rope_theta = rope_theta
-        self.rope_scaling = rope_scaling
+        if rope_scaling is not None:  # set only when given: transformers >= 5 warns on every rope_scaling assignment
+            self.rope_scaling = rope_scaling
         self.attention_bias = attention_bias
         self.attention_dropout = attention_dropout
         self.use_sliding_window = use_sliding_window
@@ -140,9 +141,9 @@ class SDARConfig(PretrainedConfig):
             raise ValueError("attention_bias=true: SDAR's attention has no biases; this implementation has none.")
         if self.use_sliding_window:
             raise ValueError("use_sliding_window=true: SDAR's block attention has no sliding window; set it false.")
-        if self.rope_scaling is not None and (self.rope_scaling.get("rope_type") or self.rope_scaling.get("type")
-                                              ) not in (None, "default"):
-            raise ValueError(f"rope_scaling={self.rope_scaling}: only default RoPE is supported; set it to null.")
+        scaling = getattr(self, "rope_scaling", None)
+        if scaling is not None and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
+            raise ValueError(f"rope_scaling={scaling}: only default RoPE is supported; set it to null.")
 
 
 class SDARRMSNorm(nn.Module):
