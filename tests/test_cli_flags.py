@@ -255,7 +255,8 @@ def _help(*args, flag: str = "--help") -> str:
         parser.parse_args([*args, flag])
 
 
-def test_train_help_groups_flags_and_shows_the_presets_defaults(capsys):
+def test_train_help_groups_flags_and_shows_the_presets_defaults(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping: argparse breaks lines at hyphens
     _help("train", flag="--help-all")
     text = " ".join(capsys.readouterr().out.split())
     tiny = get_preset("tiny-cpu").train
@@ -269,9 +270,10 @@ def test_train_help_groups_flags_and_shows_the_presets_defaults(capsys):
 
 
 @pytest.mark.parametrize("command", ["train", "sample", "plan"])
-def test_help_shows_the_common_flags_and_help_all_every_flag(command, capsys):
+def test_help_shows_the_common_flags_and_help_all_every_flag(command, capsys, monkeypatch):
     """--help stays short (issue 44: train's was 275 lines) and says how to see the rest; --help-all lists every flag
-    of the parser, each line under 100 characters."""
+    of the parser, each line under 100 characters (at an 80-column terminal)."""
+    monkeypatch.setenv("COLUMNS", "80")
     parser = build_parser()
     sub = parser._subparsers._group_actions[0].choices[command]
     _help(command)
@@ -286,8 +288,9 @@ def test_help_shows_the_common_flags_and_help_all_every_flag(command, capsys):
     assert f"dllm-ais {command} --help-all" in brief
 
 
-def test_every_likelihood_flag_shows_its_default(capsys):
+def test_every_likelihood_flag_shows_its_default(capsys, monkeypatch):
     """--elbo-draws / --elbo-scheme / --elbo-ratio-level / --trajectory-selection showed no default (issue 44)."""
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping (argparse breaks lines at hyphens: "tiny- cpu")
     _help("train", flag="--help-all")
     text = " ".join(capsys.readouterr().out.split())
     lik = get_preset("tiny-cpu").train.likelihood
