@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from dllm_ais.analysis.estimator_robust import ranking
+from dllm_ais.analysis.estimator_robust import verdict as robust_verdict
 from dllm_ais.analysis.study_stats import t_quantile
 
 FIELDS = ("mse", "bias_sq", "trace_var", "cos_g_star", "cos_grad_j", "rows")
@@ -57,6 +59,7 @@ def summarise(doc: dict) -> dict:
                               "winner_budget": bw, "winner_rows": est[w][bw]["rows"]["mean"],
                               "runner_up_budget": br, "runner_up_rows": est[r][br]["rows"]["mean"],
                               "paired_diff": diff, "distinguishable": bool(diff["mean"] + diff["half"] < 0)}
+                winners[b]["robust"] = ranking([m["estimators"] for m in models], float(b), list(cfg["seeds"]))
             out[rule][str(ck)] = {"estimators": est, "winners": winners,
                                   "J": interval([m["J"] for m in models])}
     return out
@@ -71,10 +74,28 @@ def sentence(rule: str, ck: str, summ: dict) -> str:
     parts = []
     for b, w in summ["winners"].items():
         verdict = ("distinguishable from" if w["distinguishable"] else "not distinguishable from")
-        parts.append(f"at ≤ {b} rows {w['winner']} (K = {w['winner_budget']}, {w['winner_rows']:.2g} rows; MSE "
-                     f"{_fmt(w['mse'])}; {verdict} runner-up {w['runner_up']} (K = {w['runner_up_budget']}) "
-                     f"{_fmt(w['runner_up_mse'])}, intervals {'overlap' if w['overlap'] else 'disjoint'})")
-    return f"**{rule}, checkpoint {ck}**: lowest MSE " + "; ".join(parts) + "."
+        lead = f"at ≤ {b} rows {w['winner']}" if w["robust"]["robust"] else f"at ≤ {b} rows no robust answer"
+        parts.append(f"{lead} (lowest mean: {w['winner']}, K = {w['winner_budget']}, {w['winner_rows']:.2g} rows; "
+                     f"MSE {_fmt(w['mse'])}; {robust_verdict(w['robust'])}; {verdict} runner-up {w['runner_up']} "
+                     f"(K = {w['runner_up_budget']}) {_fmt(w['runner_up_mse'])} by the paired interval)")
+    return f"**{rule}, checkpoint {ck}**: " + "; ".join(parts) + "."
+
+
+def ranking_table(summ: dict) -> list[str]:
+    """Per budget, every estimator at its best fitting setting: mean MSE, seeds won, and the paired test against
+    the budget's lowest-mean estimator (per-seed MSE difference: mean, 95 % t-interval, two-sided p)."""
+    lines = ["| budget | estimator (K) | MSE | seeds won | ΔMSE vs lowest (paired 95 % CI) | p |",
+             "|---|---|---|---|---|---|"]
+    for b, w in summ["winners"].items():
+        r = w["robust"]
+        win = r["winner"]
+        lines.append(f"| ≤ {b} | **{win}** ({r['setting']}) | {_fmt(summ['estimators'][win][r['setting']]['mse'])} "
+                     f"| {r['wins'][win]}/{r['seeds']} | — | — |")
+        for k, pt in sorted(r["paired"].items(), key=lambda kv: kv[1]["mean"]):
+            lo, hi = pt["ci95"]
+            lines.append(f"| ≤ {b} | {k} ({pt['setting']}) | {_fmt(summ['estimators'][k][pt['setting']]['mse'])} | "
+                         f"{pt['wins']}/{r['seeds']} | {pt['mean']:+.3g} [{lo:+.3g}, {hi:+.3g}] | {pt['p']:.2g} |")
+    return lines
 
 
 def _same_as_low_confidence(doc: dict, rule: str, ck: str) -> bool:
@@ -116,7 +137,10 @@ def write_readme(doc: dict, path: Path) -> None:
     lines += [f"- `{k}`: {v}" for k, v in doc["impossible_budgets"].items()]
     for rule in summ:
         for ck, s in summ[rule].items():
-            lines += ["", f"## {rule}, checkpoint {ck} (J = {_fmt(s['J'])})", "",
+            lines += ["", f"## {rule}, checkpoint {ck} (J = {_fmt(s['J'])})", "", "Ranking per budget (each "
+                      "estimator at its best setting whose mean rows fit; paired over the seeds):", ""]
+            lines += ranking_table(s)
+            lines += ["", "All settings:", "",
                       "| estimator | budget | rows | MSE | bias² | tr Var (N) | cos(E ĝ, g*) | cos(E ĝ, ∇J) |",
                       "|---|---|---|---|---|---|---|---|"]
             for name, budgets in s["estimators"].items():

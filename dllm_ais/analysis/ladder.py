@@ -1,0 +1,141 @@
+"""Which policy likelihood to train with — the evidence ladder (issue 40): one command, one table.
+
+    python -m dllm_ais.analysis.ladder --out benchmarks/estimators                 # rungs 1 and 2, then the report
+    python -m dllm_ais.analysis.ladder --rungs 2 --quick --out /tmp/ladder          # minutes
+    python -m dllm_ais.analysis.ladder --smoke --out /tmp/ladder                     # seconds (CI)
+    python -m dllm_ais.analysis.ladder --report-only --out benchmarks/estimators    # the report from stored results
+
+Rung 1 (exact, analysis/estimators.py): the enumerable tiny-LLaDA testbed, L = 4 -> <out>/rung1/.
+Rung 2 (Monte-Carlo ground truth, analysis/ladder_rung2.py): trained tiny LLaDA and Dream, L = 8-64 -> <out>/rung2/.
+Rung 3 (RL, pre-registered, study/estimators-rl-*.toml): learning curves per likelihood; run with
+`scripts/study_corrections.py --plan ...` (hours) and summarised here from <out>/rung3/ when present.
+The report (<out>/README.md, ladder.json, mse_vs_L.png) ranks the estimators per rung with intervals
+(analysis/ladder_report.py). Every output is a deterministic function of the command (seeded generators, one torch
+thread); a test checks --smoke twice for identical bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from dllm_ais.analysis import estimators as E
+from dllm_ais.analysis import ladder_models as LM
+from dllm_ais.analysis import ladder_rung2 as R2
+from dllm_ais.analysis.mc_ground_truth import MCConfig
+from dllm_ais.atomic import atomic_write_text
+
+
+def rung2_config(mode: str) -> R2.Rung2Config:
+    """The full, --quick or --smoke grid of rung 2 (module doc of ladder_rung2.py)."""
+    if mode == "full":
+        return R2.Rung2Config()
+    if mode == "quick":
+        return R2.Rung2Config(lengths=(8,), samplers={"llada": ("low_confidence",), "dream": ("entropy",)},
+                              mc=MCConfig(units=32, blocks=8, budgets=(1, 2, 4)), paths=None, prompts=32)
+    return R2.Rung2Config(lengths=(8,), samplers={"llada": ("low_confidence",), "dream": ("entropy",)},
+                          checkpoints=("sft",), mc=MCConfig(units=8, N=16, G=4, blocks=4, budgets=(1, 2)),
+                          prompts=8, models=LM.LadderModelConfig(d_model=16, mlp=16, sft_max_steps=20, sft_chunk=10,
+                                                                 rl_steps=1, eval_prompts=8))
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True, default=float) + "\n")
+
+
+def run_rung1(out: Path, mode: str, log=print) -> None:
+    cfg = E.EstimatorsConfig() if mode == "full" else E.smoke_config()
+    doc = E.run(cfg, out / "rung1", log=log)
+    log(f"rung 1: {doc['timing']['seconds']:.0f} s")
+
+
+def run_rung2(out: Path, mode: str, models: Path, log=print) -> None:
+    t0, load0 = time.perf_counter(), os.getloadavg()
+    doc = R2.run(rung2_config(mode), models, log)
+    doc["timing"].update(seconds=time.perf_counter() - t0, load_average_start=load0,
+                         load_average_end=os.getloadavg(), threads=1)
+    timing = doc.pop("timing")
+    _write_json(out / "rung2" / "results.json", doc)
+    _write_json(out / "rung2" / "timing.json", timing)  # machine-dependent: kept out of results.json
+    log(f"rung 2: {timing['seconds']:.0f} s (models {timing['models_seconds']:.0f} s)")
+
+
+def report(out: Path) -> dict:
+    """README.md, ladder.json and mse_vs_L.png of `out` from the rungs' stored results."""
+    from dllm_ais.analysis.ladder_report import (
+        BUDGETS,
+        rank_table,
+        rung1_contexts,
+        rung2_contexts,
+        rung2_readme,
+        write_figure,
+    )
+
+    rungs, docs = {}, {}
+    if (out / "rung1" / "results.json").is_file():
+        docs["rung1"] = json.loads((out / "rung1" / "results.json").read_text())
+        rungs["rung 1"] = rung1_contexts(docs["rung1"])
+    if (out / "rung2" / "results.json").is_file():
+        docs["rung2"] = json.loads((out / "rung2" / "results.json").read_text())
+        rungs["rung 2"] = rung2_contexts(docs["rung2"])
+        write_figure(docs["rung2"], out / "mse_vs_L.png")
+        (out / "rung2" / "README.md").write_text("\n".join(
+            ["# Rung 2: Monte-Carlo ground truth per cell (generated)", "",
+             "Written by `python -m dllm_ais.analysis.ladder`; numbers from `results.json` (method: module docs of "
+             "`dllm_ais/analysis/mc_ground_truth.py` and `mc_stats.py`)."] + rung2_readme(docs["rung2"])) + "\n")
+    from dllm_ais.analysis.ladder_rung3 import rung3_contexts
+
+    if (out / "rung3" / "summary.json").is_file():
+        rungs["rung 3"] = rung3_contexts(json.loads((out / "rung3" / "summary.json").read_text()))
+    table = rank_table(rungs, BUDGETS)
+    from dllm_ais.analysis.ladder_text import readme
+
+    (out / "README.md").write_text(readme(rungs, docs, table))
+    ladder = {r: {b: {k: v for k, v in _agg(rungs[r], str(b)).items()} for b in BUDGETS} for r in rungs}
+    _write_json(out / "ladder.json", ladder)
+    return ladder
+
+
+def _agg(contexts, b):
+    from dllm_ais.analysis.ladder_report import aggregate
+
+    return aggregate(contexts, b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/estimators", help="output folder")
+    ap.add_argument("--rungs", default="1,2", help="comma list of rungs to run (1, 2); rung 3 is the study "
+                    "script's (its summary in <out>/rung3 is read when present)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="minutes: rung 2 at L = 8 only, 2048 paths a cell")
+    mode.add_argument("--smoke", action="store_true", help="seconds: every code path at toy sizes")
+    ap.add_argument("--models", default="runs/ladder", help="cache of rung 2's trained models (gitignored)")
+    ap.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    m = "smoke" if args.smoke else "quick" if args.quick else "full"
+    if not args.report_only:
+        rungs = {r.strip() for r in args.rungs.split(",") if r.strip()}
+        if rungs - {"1", "2"}:
+            raise SystemExit(f"--rungs {args.rungs}: run rungs 1 and 2 here; rung 3 runs with "
+                             "scripts/study_corrections.py --plan study/estimators-rl-<task>.toml.")
+        if "1" in rungs:
+            run_rung1(out, m)
+        if "2" in rungs:
+            run_rung2(out, m, Path(args.models) if m != "smoke" else out / "models")
+    report(out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,0 +1,124 @@
+"""Rung 2's cells (issue 40): which trained model, sampler and length each Monte-Carlo cell measures, and the run
+over them (mc_ground_truth.run_cell per cell; results into one JSON document).
+
+A cell = family × checkpoint (sft, rl; ladder_models.py) × completion length L × sampler:
+- LLaDA `low_confidence` (one block, steps = L), `low_confidence-blocks` (`blocks` blocks of L / blocks tokens,
+  steps = L), `threshold` (one block, τ = `threshold`, Fast-dLLM's rule without a cache);
+- Dream `entropy` and `maskgit_plus` (Dream's uncached `diffusion_generate`, steps = L, one block: Dream's threshold
+  and blocks exist only with Fast-dLLM's cache, whose path law the package scores from the sampler's record, without
+  a gradient — not measurable here).
+Every sampler samples at T = 1. Prompts: `prompts` held-out digits problems of the model's length (test split,
+fixed), each group's prompt uniform among them; the reward is the digits task's own (partial credit per digit) on
+the decoded completion up to its first EOS.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from dllm_ais.analysis import ladder_models as LM
+from dllm_ais.analysis.mc_ground_truth import Bed, MCConfig, run_cell
+
+LLADA_SAMPLERS = ("low_confidence", "low_confidence-blocks", "threshold")
+DREAM_SAMPLERS = ("entropy", "maskgit_plus")
+SAMPLERS = {"llada": LLADA_SAMPLERS, "dream": DREAM_SAMPLERS}
+
+
+@dataclass(frozen=True)
+class Rung2Config:
+    """The grid and the sampling effort (defaults: the committed full run)."""
+
+    lengths: tuple[int, ...] = (8, 16, 32, 64)
+    """Completion lengths L."""
+    families: tuple[str, ...] = ("llada", "dream")
+    checkpoints: tuple[str, ...] = LM.CHECKPOINTS
+    samplers: dict = None
+    """family -> samplers measured (None: SAMPLERS)."""
+    mc: MCConfig = MCConfig()
+    """Per-cell sampling and estimators."""
+    paths: dict = None
+    """L -> paths per cell (units = paths / N; None: mc.units at every L)."""
+    threshold: float = 0.9
+    """τ of the LLaDA threshold sampler."""
+    blocks: int = 4
+    """Blocks of the `low_confidence-blocks` sampler."""
+    prompts: int = 64
+    """Held-out prompts of a cell."""
+    models: LM.LadderModelConfig = LM.LadderModelConfig()
+
+    def samplers_of(self, family: str) -> tuple[str, ...]:
+        return (self.samplers or SAMPLERS)[family]
+
+    def units(self, L: int) -> int:
+        if not self.paths:
+            return self.mc.units
+        return max(2 * self.mc.blocks, self.paths[L] // self.mc.N)
+
+
+def sampler_law(family: str, sampler: str, L: int, cfg: Rung2Config, mask_id: int):
+    """The mc_paths law of a named sampler at length L (T = 1)."""
+    from dllm_ais.analysis.mc_paths import DreamLaw, LLaDALaw
+    from dllm_ais.config import SamplerConfig
+
+    if family == "llada":
+        block = L // cfg.blocks if sampler == "low_confidence-blocks" else L
+        thr = cfg.threshold if sampler == "threshold" else None
+        return LLaDALaw(SamplerConfig(gen_length=L, block_length=block, steps=L, temperature=1.0, threshold=thr),
+                        mask_id), block
+    from dllm_ais.samplers.dream import DreamSamplerConfig
+
+    return DreamLaw(DreamSamplerConfig(gen_length=L, steps=L, alg=sampler, temperature=1.0), mask_id), L
+
+
+def digits_bed(family: str, checkpoint: str, L: int, sampler: str, cfg: Rung2Config, directory: Path) -> Bed:
+    """The cell of a trained checkpoint on held-out digits prompts (module doc)."""
+    from dllm_ais.models.load import encode_prompts
+    from dllm_ais.models.tiny import tiny_tokenizer
+    from dllm_ais.tasks import digits
+
+    model = LM.load(family, directory)
+    tok = tiny_tokenizer()
+    rows = digits.load("test", limit=cfg.prompts, seed=cfg.models.seed,
+                       config=digits.DigitsConfig(op="shift", length=LM.digits_length(L)))
+    ids, mask = encode_prompts(tok, [r["prompt"] for r in rows], chat=False)
+    answers = [r["answer"] for r in rows]
+    law, block = sampler_law(family, sampler, L, cfg, model.config.mask_token_id)
+
+    def reward(idx: torch.Tensor, rollout) -> torch.Tensor:
+        texts = [tok.decode(c[k], skip_special_tokens=True)
+                 for c, k in zip(rollout.completion_ids, rollout.completion_mask, strict=True)]
+        return torch.tensor([digits.score(t, answers[i]) for t, i in zip(texts, idx.tolist(), strict=True)],
+                            dtype=torch.float64)
+
+    return Bed(name=f"{family}/{checkpoint}/L{L}/{sampler}", model=model, law=law, prompts=ids, prompt_mask=mask,
+               reward=reward, stop_ids=(tok.eos_token_id,), block_length=block)
+
+
+def cells(cfg: Rung2Config) -> list[tuple[str, str, int, str]]:
+    """(family, checkpoint, L, sampler) of every cell, in run order."""
+    return [(f, c, L, s) for f in cfg.families for L in cfg.lengths for c in cfg.checkpoints
+            for s in cfg.samplers_of(f)]
+
+
+def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print) -> dict:
+    """Train (or reuse) the models, then measure every cell: {"config", "models", "cells": {name: result}}."""
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    models = {}
+    for f in cfg.families:
+        for L in cfg.lengths:
+            models[(f, L)] = LM.checkpoints(f, L, cfg.models, root, log)
+    t_models = time.perf_counter() - t0
+    out = {}
+    for f, c, L, s in cells(cfg):
+        bed = digits_bed(f, c, L, s, cfg, models[(f, L)][c])
+        res = run_cell(bed, replace(cfg.mc, units=cfg.units(L)), log)
+        res["model"] = {"family": f, "checkpoint": c, "sampler": s, "train": LM.train_info(models[(f, L)][c])}
+        out[bed.name] = res
+    doc = {"config": asdict(cfg), "cells": out,
+           "timing": {"models_seconds": t_models, "cells_seconds": time.perf_counter() - t0 - t_models}}
+    return doc
