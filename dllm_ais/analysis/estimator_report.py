@@ -16,6 +16,7 @@ from dllm_ais.analysis.estimator_robust import ranking
 from dllm_ais.analysis.estimator_robust import verdict as robust_verdict
 from dllm_ais.analysis.study_stats import t_quantile
 
+FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream"}
 FIELDS = ("mse", "bias_sq", "trace_var", "cos_g_star", "cos_grad_j", "rows")
 
 
@@ -29,14 +30,27 @@ def interval(xs: list[float]) -> dict:
     return {"mean": mean, "half": t_quantile(0.975, n - 1) * sd / math.sqrt(n), "n": n}
 
 
+def family_rules(cfg: dict) -> list[tuple[str, str]]:
+    """(family, sampler rule) of every summarised sampler (results from before Dream joined: LLaDA's only)."""
+    from dllm_ais.analysis.estimators import RULES
+
+    return [(f, r) for f in cfg.get("families", ("llada",)) for r in RULES[f]]
+
+
+def model_key(family: str, seed: int, checkpoint) -> str:
+    from dllm_ais.analysis.estimators import model_key as key
+
+    return key(family, seed, checkpoint)
+
+
 def summarise(doc: dict) -> dict:
     """{rule: {checkpoint: {"estimators": {name: {budget: {field: interval}}}, "winners": {budget: ...}}}}."""
     cfg = doc["config"]
     out: dict = {}
-    for rule in ("low_confidence", "threshold"):
+    for family, rule in family_rules(cfg):
         out[rule] = {}
         for ck in cfg["checkpoints"]:
-            models = [doc["per_model"][f"seed{s}/ck{ck}"][rule] for s in cfg["seeds"]]
+            models = [doc["per_model"][model_key(family, s, ck)][rule] for s in cfg["seeds"]]
             est: dict = {}
             for name, budgets in models[0]["estimators"].items():
                 for b in budgets:
@@ -100,9 +114,9 @@ def ranking_table(summ: dict) -> list[str]:
 
 def _same_as_low_confidence(doc: dict, rule: str, ck: str) -> bool:
     """Whether `rule` gave exactly the low-confidence sampler's J on every seed at checkpoint ck."""
-    if rule == "low_confidence":
+    if rule != "threshold":
         return False
-    ms = [doc["per_model"][f"seed{s}/ck{ck}"] for s in doc["config"]["seeds"]]
+    ms = [doc["per_model"][model_key("llada", s, ck)] for s in doc["config"]["seeds"]]
     return all(m[rule]["J"] == m["low_confidence"]["J"] for m in ms)
 
 
@@ -115,7 +129,8 @@ def write_readme(doc: dict, path: Path) -> None:
              "`dllm_ais/analysis/estimators.py` for the method); numbers from `results.json`, figure "
              "`mse_vs_forward_passes.png`. Everything is exact enumeration except SPG's EUBO at K ≥ 2 "
              f"({cfg['spg_draws']} Monte-Carlo draws, `_mc_se` fields in results.json).", "",
-             f"Testbed: tiny LLaDA (d_model {t['d_model']}, {t['n_layers']} layer), V_c = {t['vocab']} tokens, "
+             f"Testbed: tiny {' and '.join(FAMILY_NAMES[f] for f in cfg.get('families', ['llada']))} "
+             f"(d_model {t['d_model']}, {t['n_layers']} layer), V_c = {t['vocab']} tokens, "
              f"prompt length {t['prompt_len']}, L = {t['gen_length']}, {t['num_prompts']} prompts; seeds "
              f"{list(cfg['seeds'])}; checkpoints {list(cfg['checkpoints'])} (SFT steps, 0 = random init); "
              f"GRPO with group z-scores, G = {cfg['G']}, N = {cfg['N']}; threshold {cfg['threshold']}. "

@@ -22,11 +22,13 @@ BUDGETS = (1, 2, 4, 8, 16)
 
 def rung1_contexts(doc: dict) -> dict[str, dict]:
     """{context: {budget: {"ranks", "chosen", "mse"}}} of rung 1's results.json (exact; seeds paired)."""
+    from dllm_ais.analysis.estimator_report import family_rules, model_key
+
     cfg = doc["config"]
     out = {}
-    for rule in ("low_confidence", "threshold"):
+    for family, rule in family_rules(cfg):
         for ck in cfg["checkpoints"]:
-            models = [doc["per_model"][f"seed{s}/ck{ck}"][rule]["estimators"] for s in cfg["seeds"]]
+            models = [doc["per_model"][model_key(family, s, ck)][rule]["estimators"] for s in cfg["seeds"]]
             ctx = {}
             for b in cfg["budgets"]:
                 chosen = chosen_settings(models, float(b))
@@ -38,7 +40,7 @@ def rung1_contexts(doc: dict) -> dict[str, dict]:
                     return hi < 0
 
                 ctx[str(b)] = {"ranks": rank_intervals(mse, better), "chosen": chosen, "mse": mse}
-            out[f"{rule}/ck{ck}"] = ctx
+            out[f"{family}/{rule}/ck{ck}"] = ctx
     return out
 
 
