@@ -108,7 +108,7 @@ def rung2_readme(doc: dict) -> list[str]:
         red = 1 - t["trace_var"]["value"] / t["trace_var_no_cv"]["value"] if t["trace_var_no_cv"]["value"] else 0
         lines += ["", f"### {name}", "",
                   f"{c['paths']} paths ({c['units']} GRPO batches of N = {doc['config']['mc']['N']}), J = "
-                  f"{c['J']:.3f}, {c['seconds']:.0f} s. Target: ‖g*‖² = {_v(t['norm_sq'])}, relative Monte-Carlo "
+                  f"{c['J']:.3f}. Target: ‖g*‖² = {_v(t['norm_sq'])}, relative Monte-Carlo "
                   f"error of ĝ* {_v(t['mc_rel_error'], 2)}; control variate β = {t['beta']['value']:.3g} "
                   f"(tr Var of the target per batch {100 * red:.1f} % lower).", "",
                   "| budget | rank: estimator (setting) MSE |", "|---|---|"]
