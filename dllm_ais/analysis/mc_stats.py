@@ -32,14 +32,20 @@ class Sums:
     """Per-block sums for the target and each estimator (float64)."""
 
     blocks: int
+    """Jackknife blocks R."""
     D: int
-    n: torch.Tensor = None
-    T: torch.Tensor = None
-    U: torch.Tensor = None
-    tt: torch.Tensor = None
-    uu: torch.Tensor = None
-    tu: torch.Tensor = None
+    """Length of a gradient vector."""
+    n: torch.Tensor = field(init=False)
+    """[R] units per block."""
+    T: torch.Tensor = field(init=False)
+    """[R, D] Σ t."""
+    U: torch.Tensor = field(init=False)
+    """[R, D] Σ u."""
+    tt: torch.Tensor = field(init=False)
+    uu: torch.Tensor = field(init=False)
+    tu: torch.Tensor = field(init=False)
     est: dict = field(default_factory=dict)
+    """key -> {"A" [R, D], "aa", "at", "au", "rows", "seqs" [R]}."""
 
     def __post_init__(self):
         R, D = self.blocks, self.D
