@@ -114,19 +114,19 @@ def cells(cfg: Rung2Config) -> list[tuple[str, str, int, str]]:
 
 
 def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print) -> dict:
-    """Train (or reuse) the models, then measure every cell: {"config", "models", "cells": {name: result}}."""
+    """Measure every cell, training (or reusing) each model when its first cell comes: {"config", "cells":
+    {name: result}, "timing"}."""
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    models = {}
-    for f, L in sorted({(f, L) for f, _, Ls in cfg.grid for L in Ls}):
-        models[(f, L)] = LM.checkpoints(f, L, cfg.models, root, log)
-    t_models = time.perf_counter() - t0
-    out = {}
+    t_models, models, out = 0.0, {}, {}
     for f, c, L, s in cells(cfg):
+        if (f, L) not in models:
+            t1 = time.perf_counter()
+            models[(f, L)] = LM.checkpoints(f, L, cfg.models, root, log)
+            t_models += time.perf_counter() - t1
         bed = digits_bed(f, c, L, s, cfg, models[(f, L)][c])
         res = run_cell(bed, replace(cfg.mc, units=cfg.units(L)), log)
         res["model"] = {"family": f, "checkpoint": c, "sampler": s, "train": LM.train_info(models[(f, L)][c])}
         out[bed.name] = res
-    doc = {"config": asdict(cfg), "cells": out,
-           "timing": {"models_seconds": t_models, "cells_seconds": time.perf_counter() - t0 - t_models}}
-    return doc
+    return {"config": asdict(cfg), "cells": out,
+            "timing": {"models_seconds": t_models, "cells_seconds": time.perf_counter() - t0 - t_models}}
