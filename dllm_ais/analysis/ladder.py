@@ -37,7 +37,8 @@ def rung2_config(mode: str) -> R2.Rung2Config:
         return R2.Rung2Config()
     if mode == "quick":
         return R2.Rung2Config(grid=(("llada", "low_confidence", (8,)), ("dream", "entropy", (8,))),
-                              mc=MCConfig(blocks=8, budgets=(1, 2, 4)), paths=((8, 1024),), prompts=32)
+                              checkpoints=("rl",), mc=MCConfig(blocks=8, budgets=(1, 2, 4)), paths=((8, 1024),),
+                              prompts=32)
     return R2.Rung2Config(grid=(("llada", "low_confidence", (8,)), ("dream", "entropy", (8,))), checkpoints=("sft",),
                           mc=MCConfig(N=16, G=4, blocks=4, budgets=(1, 2)), paths=((8, 128),), prompts=8,
                           models=LM.LadderModelConfig(d_model=16, mlp=16, sft_max_steps=20, sft_chunk=10,

@@ -113,13 +113,39 @@ def cells(cfg: Rung2Config) -> list[tuple[str, str, int, str]]:
     return sorted(out, key=lambda x: (x[2], x[0], x[1], x[3]))
 
 
+CELL_VERSION = 1
+"""Bumped whenever a cell's computation changes: cached cells of another version are recomputed."""
+
+
+def _cell_cache(cfg: Rung2Config, root: Path, cell: tuple) -> Path:
+    """Where a finished cell's result is kept (under the gitignored models root), keyed by the whole config."""
+    import hashlib
+    import json
+
+    own = {"mc": asdict(replace(cfg.mc, units=cfg.units(cell[2]))), "models": asdict(cfg.models),
+           "threshold": cfg.threshold, "blocks": cfg.blocks, "prompts": cfg.prompts}  # all that shapes this cell
+    blob = json.dumps({"cfg": own, "cell": cell, "version": CELL_VERSION}, sort_keys=True, default=str)
+    return root / "cells" / f"{'-'.join(map(str, cell))}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}.json"
+
+
 def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print) -> dict:
-    """Measure every cell, training (or reusing) each model when its first cell comes: {"config", "cells":
-    {name: result}, "timing"}."""
+    """Measure every cell, training (or reusing) each model when its first cell comes; a finished cell is cached
+    under root/cells (an interrupted run resumes there): {"config", "cells": {name: result}, "timing"}."""
+    import json
+
+    from dllm_ais.atomic import atomic_write_text
+
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     t_models, models, out = 0.0, {}, {}
-    for f, c, L, s in cells(cfg):
+    for cell in cells(cfg):
+        f, c, L, s = cell
+        cache = _cell_cache(cfg, root, cell)
+        if cache.is_file():
+            res = json.loads(cache.read_text())
+            out[res["cell"]] = res
+            log(f"{res['cell']}: cached ({cache})")
+            continue
         if (f, L) not in models:
             t1 = time.perf_counter()
             models[(f, L)] = LM.checkpoints(f, L, cfg.models, root, log)
@@ -127,6 +153,8 @@ def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print) -> dict:
         bed = digits_bed(f, c, L, s, cfg, models[(f, L)][c])
         res = run_cell(bed, replace(cfg.mc, units=cfg.units(L)), log)
         res["model"] = {"family": f, "checkpoint": c, "sampler": s, "train": LM.train_info(models[(f, L)][c])}
-        out[bed.name] = res
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cache, json.dumps(res, sort_keys=True, default=float))
+        out[bed.name] = json.loads(cache.read_text())  # the same values whether computed now or read back
     return {"config": asdict(cfg), "cells": out,
             "timing": {"models_seconds": t_models, "cells_seconds": time.perf_counter() - t0 - t_models}}
