@@ -45,7 +45,7 @@ class Rung2Config:
     """Checkpoints of every model (ladder_models.CHECKPOINTS)."""
     mc: MCConfig = MCConfig(blocks=8)
     """Per-cell sampling and estimators (its `units` is replaced by `paths`)."""
-    paths: tuple = ((8, 2048), (16, 2048), (32, 1024), (64, 1024))
+    paths: tuple = ((8, 2048), (16, 1024), (32, 1024), (64, 1024))
     """(L, paths per cell): units = paths / N."""
     threshold: float = 0.9
     """τ of the LLaDA threshold sampler."""
