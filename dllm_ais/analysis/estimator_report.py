@@ -125,7 +125,8 @@ def write_readme(doc: dict, path: Path) -> None:
     cfg, summ = doc["config"], doc["summary"]
     t = cfg["testbed"]
     lines = ["# Which policy likelihood to train with — exact bias², variance and MSE (generated)", "",
-             "Written by `python -m dllm_ais.analysis.estimators --out benchmarks/estimators` (module doc of "
+             "Written by `python -m dllm_ais.analysis.estimators --out benchmarks/estimators/rung1` (rung 1 of "
+             "`python -m dllm_ais.analysis.ladder`; module doc of "
              "`dllm_ais/analysis/estimators.py` for the method); numbers from `results.json`, figure "
              "`mse_vs_forward_passes.png`. Everything is exact enumeration except SPG's EUBO at K ≥ 2 "
              f"({cfg['spg_draws']} Monte-Carlo draws, `_mc_se` fields in results.json).", "",

@@ -1,7 +1,9 @@
 """Which policy likelihood to train with: exact bias², variance, MSE and cosine of each estimator's GRPO gradient
 at equal forward passes per completion (issue 34, item 3).
 
-    python -m dllm_ais.analysis.estimators --out benchmarks/estimators [--smoke]
+    python -m dllm_ais.analysis.estimators --out benchmarks/estimators/rung1 [--smoke]
+
+Rung 1 of the evidence ladder (analysis/ladder.py, issue 40), which runs it with `--rungs 1`.
 
 On the enumerable testbed (exact_testbed.py) at θ = θ_old (ratio 1, nothing clipped) the GRPO ascent direction with
 likelihood s is ĝ = (1/(N L)) Σ_i Â_i ∇s(x_i, y_i; ξ_i) (SPG: (1/N) Σ Â ∇bound, its own loss). Every estimator's
@@ -327,7 +329,8 @@ def write_outputs(doc: dict, out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/estimators", help="output folder (results.json, README.md, figure)")
+    ap.add_argument("--out", default="benchmarks/estimators/rung1",
+                    help="output folder (results.json, README.md, figure)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of every code path (tiny settings)")
     ap.add_argument("--report-only", action="store_true",
                     help="re-summarise the folder's results.json (its per-model numbers are kept) and rewrite it, "
