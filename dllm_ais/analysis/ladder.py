@@ -57,17 +57,19 @@ def run_rung1(out: Path, mode: str, log=print) -> None:
 
 
 def run_rung2(out: Path, mode: str, models: Path, log=print) -> None:
-    t0, load0 = time.perf_counter(), os.getloadavg()
+    t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
     doc = R2.run(rung2_config(mode), models, log)
-    doc["timing"].update(seconds=time.perf_counter() - t0, load_average_start=load0,
-                         load_average_end=os.getloadavg(), threads=1)
+    doc["timing"].update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
+                         load_average_start=load0, load_average_end=os.getloadavg(), threads=1)
     timing = doc.pop("timing")
     timing["cells"] = {}
     for name, cell in doc["cells"].items():  # machine-dependent seconds: out of results.json (bit-reproducible)
         train = cell["model"]["train"]
-        timing["cells"][name] = {"seconds": cell.pop("seconds"), "by_part": cell.pop("seconds_by_part"),
+        timing["cells"][name] = {"seconds": cell.pop("seconds"), "cpu_seconds": cell.pop("cpu_seconds"),
+                                 "by_part": cell.pop("seconds_by_part"),
                                  "model_sft_seconds": train.pop("sft_seconds"),
-                                 "model_rl_seconds": train.pop("rl_seconds")}
+                                 "model_rl_seconds": train.pop("rl_seconds"),
+                                 "model_cpu_seconds": train.pop("cpu_seconds", None)}
     _write_json(out / "rung2" / "results.json", doc)
     _write_json(out / "rung2" / "timing.json", timing)  # machine-dependent: kept out of results.json
     log(f"rung 2: {timing['seconds']:.0f} s (models {timing['models_seconds']:.0f} s)")

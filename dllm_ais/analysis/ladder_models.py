@@ -140,7 +140,7 @@ def _train(family: str, L: int, cfg: LadderModelConfig, folder: Path, log) -> No
     from dllm_ais.train.sft import warm_up
     from dllm_ais.train.trainer import Trainer
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fam, tok = family_of(family), tiny_tokenizer()
     model = initial_model(family, cfg)
     if family == "dream":
@@ -174,7 +174,8 @@ def _train(family: str, L: int, cfg: LadderModelConfig, folder: Path, log) -> No
 
     rewards = [r.get(M.REWARD_MEAN) for r in sorted(M.read_metrics(run.path), key=lambda r: r[M.STEP])]
     info = {"family": family, "L": L, "config": asdict(cfg), "sft_steps": steps, "sft_curve": curve,
-            "sft_seconds": t_sft, "rl_seconds": time.perf_counter() - t0 - t_sft, "rl_rewards": rewards,
+            "sft_seconds": t_sft, "rl_seconds": time.perf_counter() - t0 - t_sft,
+            "cpu_seconds": time.process_time() - c0, "rl_rewards": rewards,
             "held_out_reward": {"sft": curve[-1][1], "rl": _reward(backend, trainer.master, tok, held, cfg.seed)}}
     (folder / "train.json").write_text(json.dumps(info, indent=1) + "\n")
     log(f"trained {family} L={L}: SFT {steps} steps ({t_sft:.0f} s, reward {curve[-1][1]:.3f}), RL "

@@ -93,7 +93,7 @@ def key(v: Variant) -> str:
 
 def run_cell(bed: Bed, cfg: MCConfig, log=print) -> dict:
     """Sample cfg.units GRPO batches, accumulate the target and every estimator, and summarise (module doc)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     L, N, G = bed.L, cfg.N, cfg.G
     tap = HeadTap(bed.model)
     D = head_size(bed.model)
@@ -129,7 +129,8 @@ def run_cell(bed: Bed, cfg: MCConfig, log=print) -> dict:
     out = mc_stats.summary(sums, cfg.control_variate)
     out["rankings"] = rankings(sums, out, variants, cfg)
     out.update({"cell": bed.name, "L": L, "units": done, "paths": done * N, "J": reward_sum / (done * N),
-                "seconds": time.perf_counter() - t0, "seconds_by_part": seconds,
+                "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                "seconds_by_part": seconds,
                 "variants": {key(v): {"name": v.name, "label": v.label, "setting": v.setting} for v in variants}})
     log(f"{bed.name}: {done * N} paths in {out['seconds']:.0f} s (sampling {seconds['sample']:.0f} s), J = "
         f"{out['J']:.3f}, target MC error {out['target']['mc_rel_error']['value']:.3f}")
