@@ -152,16 +152,17 @@ def test_estimator_gradient_is_the_package_likelihood_gradient(name, setting, op
     assert float(rows.mean()) > 0
 
 
-def test_bridge_rung2_agrees_with_rung1():
-    """At L = 4 on rung 1's testbed (seed 0, 20 SFT steps, low-confidence sampler) rung 2's Monte-Carlo bias², tr
-    Var and MSE of each estimator agree with rung 1's exact figures on the same (LM-head) coordinates: within twice
-    the 95 % jackknife half-width (the figures share the sampled batches, so their errors move together), and the
-    exact path likelihood with selection terms is unbiased for the target."""
+@pytest.mark.parametrize("family,rule", [("llada", "low_confidence"), ("dream", "entropy")])
+def test_bridge_rung2_agrees_with_rung1(family, rule):
+    """At L = 4 on rung 1's testbed (seed 0, 20 SFT steps) rung 2's Monte-Carlo bias², tr Var and MSE of each
+    estimator agree with rung 1's exact figures on the same (LM-head) coordinates: within twice the 95 % jackknife
+    half-width (the figures share the sampled batches, so their errors move together), and the exact path
+    likelihood with selection terms is unbiased for the target."""
     torch.set_num_threads(1)
     cfg = E.EstimatorsConfig(budgets=(1, 2), spg_draws=512, spg_replicas=4)
-    model, prompts = bridge_model(cfg, 0, 20)
-    exact = exact_head_figures(cfg, model, prompts, "low_confidence")
-    mc = run_cell(bridge_bed(cfg, model, prompts, "low_confidence"),
+    model, prompts = bridge_model(cfg, 0, 20, family)
+    exact = exact_head_figures(cfg, model, prompts, rule, family=family)
+    mc = run_cell(bridge_bed(cfg, model, prompts, rule, family),
                   MCConfig(units=96, blocks=8, budgets=(1, 2), seed=1), log=lambda *_: None)
     compared = 0
     for key, f in mc["estimators"].items():

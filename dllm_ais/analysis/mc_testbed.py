@@ -21,29 +21,37 @@ from dllm_ais.analysis.exact_sampler import canvas_logits, canvas_table
 from dllm_ais.analysis.mc_ground_truth import Bed
 from dllm_ais.analysis.mc_paths import LLaDALaw
 from dllm_ais.config import SamplerConfig
+from dllm_ais.models.shift import logits_view
 
 
-def bridge_model(cfg: E.EstimatorsConfig, seed: int, checkpoint: int):
-    """Rung 1's model of `seed` at SFT step `checkpoint` (eval mode) and its prompts."""
+def bridge_model(cfg: E.EstimatorsConfig, seed: int, checkpoint: int, family: str = "llada"):
+    """Rung 1's model of `family` and `seed` at SFT step `checkpoint` (eval mode) and its prompts."""
     tbc = tb.TestbedConfig(**{**asdict(cfg.testbed), "seed": seed})
-    model = tb.make_llada(tbc)
-    states = tb.sft_checkpoints(model, tbc, tuple(sorted({0, checkpoint})), lr=cfg.sft_lr)
+    model = E.MAKE[family](tbc)
+    states = tb.sft_checkpoints(model, tbc, tuple(sorted({0, checkpoint})), family=family, lr=cfg.sft_lr)
     model.load_state_dict(states[checkpoint])
     return model.eval(), tb.draw_prompts(tbc)
 
 
-def bridge_bed(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, rule: str) -> Bed:
-    """The rung-2 cell of rung 1's model, prompts and sampler `rule` (low_confidence or threshold)."""
+def bridge_bed(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, rule: str, family: str = "llada") -> Bed:
+    """The rung-2 cell of rung 1's model, prompts and sampler `rule` (LLaDA: low_confidence or threshold; Dream:
+    entropy or maskgit_plus)."""
     t = cfg.testbed
     L = t.gen_length
-    sampler = SamplerConfig(gen_length=L, block_length=L, steps=L, temperature=1.0,
-                            threshold=cfg.threshold if rule == "threshold" else None)
+    if family == "dream":
+        from dllm_ais.analysis.mc_paths import DreamLaw
+        from dllm_ais.samplers.dream import DreamSamplerConfig
+
+        law = DreamLaw(DreamSamplerConfig(gen_length=L, steps=L, alg=rule, temperature=1.0), t.mask_id)
+    else:
+        law = LLaDALaw(SamplerConfig(gen_length=L, block_length=L, steps=L, temperature=1.0,
+                                     threshold=cfg.threshold if rule == "threshold" else None), t.mask_id)
     answers = tb.answers(prompts, L, t.vocab)  # [n, L]
 
     def reward(idx: torch.Tensor, rollout) -> torch.Tensor:
         return (rollout.completion_ids == answers[idx]).double().mean(-1)
 
-    return Bed(name=f"testbed/{rule}", model=model, law=LLaDALaw(sampler, t.mask_id), prompts=prompts,
+    return Bed(name=f"testbed/{family}/{rule}", model=model, law=law, prompts=prompts,
                prompt_mask=torch.ones_like(prompts, dtype=torch.bool), reward=reward, stop_ids=(), block_length=L)
 
 
@@ -58,7 +66,8 @@ def _head_slice(model) -> slice:
     raise ValueError("the LM head's weight is not among the model's parameters.")
 
 
-def exact_head_figures(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, rule: str, seed: int = 0) -> dict:
+def exact_head_figures(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, rule: str, seed: int = 0,
+                       family: str = "llada") -> dict:
     """Rung 1's exact bias², tr Var (N), MSE and cosine of every estimator × budget on the LM head's coordinates:
     {rung-2 key (label:setting): figures}, plus "_target": {"norm_sq": ‖g*‖²}."""
     t = cfg.testbed
@@ -66,8 +75,8 @@ def exact_head_figures(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, ru
     sp = D.Space(t.prompt_len, L)
     feats = feature_gradients(model, prompts, V, L, head_only=True)
     with torch.no_grad():
-        logits = canvas_logits(model, prompts, canvas_table(V, L), t.mask_id)
-    tg = E.target(model, prompts, logits, cfg, rule)
+        logits = canvas_logits(logits_view(model), prompts, canvas_table(V, L), t.mask_id)
+    tg = E.target(model, prompts, logits, cfg, rule, family)
     cut = _head_slice(model)
     tg = replace(tg, g_star=tg.g_star[cut], grad_j=tg.grad_j[cut])
     thr = cfg.threshold if rule == "threshold" else None
@@ -79,7 +88,12 @@ def exact_head_figures(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, ru
         out[f"spg:{K}"] = E._replica_mean([E.closed_forms(m, feats, tg, L, cfg.G, cfg.N) for m in reps],
                                           reps[0].mc_draws)
     for label, merge in (("trajectory", 1), ("trajectory-merge2", 2)):
-        mom = D.trajectory(sp, logits, tg.pi, V, thr, merge)
+        if family == "dream":
+            from dllm_ais.analysis.exact_dream import trajectory
+
+            mom = trajectory(sp, logits, V, rule, t.mask_id, merge)
+        else:
+            mom = D.trajectory(sp, logits, tg.pi, V, thr, merge)
         out[f"{label}:{'all' if merge == 1 else merge}"] = E.closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
     out["_target"] = {"norm_sq": float(tg.g_star @ tg.g_star), "J": tg.J}
     return out
