@@ -5,14 +5,26 @@ from __future__ import annotations
 
 from dllm_ais.analysis.ladder_report import BUDGETS, aggregate, answer
 
-SCALE = {
-    "rung 1": "exact enumeration: tiny LLaDA (1 layer, d_model 32), V_c = 3, L = 4, 3 prompts; 5 seeds × {random "
-              "init, 20 SFT steps} × {low-confidence, threshold 0.5}; all parameters",
-    "rung 2": "Monte Carlo: tiny LLaDA and Dream (2 layers, width 32) trained on digits (SFT to reward 0.5, then 20 "
-              "GRPO steps), L = 8–64; LLaDA low-confidence (1 and 4 blocks) and threshold 0.9, Dream entropy; the LM "
-              "head's coordinates of the gradient",
-    "rung 3": "RL: pre-registered learning curves on two CPU tasks (study/estimators-rl-*.toml)",
-}
+
+def scale(rung: str, docs: dict) -> str:
+    """At which scale a rung's answer holds, from its stored config."""
+    if rung == "rung 1":
+        c = docs["rung1"]["config"]
+        t = c["testbed"]
+        fams = " and ".join({"llada": "LLaDA", "dream": "Dream"}[f] for f in c.get("families", ["llada"]))
+        return (f"exact enumeration: tiny {fams} ({t['n_layers']} layer, d_model {t['d_model']}), V_c = {t['vocab']}, "
+                f"L = {t['gen_length']}, {t['num_prompts']} prompts; {len(c['seeds'])} seeds × checkpoints "
+                f"{c['checkpoints']} (SFT steps); every parameter")
+    if rung == "rung 2":
+        c = docs["rung2"]["config"]
+        m = c["models"]
+        Ls = sorted({L for _, _, ls in c["grid"] for L in ls})
+        cells = "; ".join(f"{f} {s} L = {', '.join(map(str, ls))}" for f, s, ls in c["grid"])
+        paths = ", ".join(f"{p} at L = {L}" for L, p in c["paths"])
+        return (f"Monte Carlo: tiny LLaDA and Dream ({m['n_layers']} layers, width {m['d_model']}) trained on digits "
+                f"(SFT to reward {m['sft_target']}, then {m['rl_steps']} GRPO steps), L = {Ls[0]}–{Ls[-1]}; {cells}; "
+                f"paths per cell {paths}; the LM head's coordinates of the gradient")
+    return "RL: pre-registered learning curves on two CPU tasks (study/estimators-rl-*.toml), 5 seeds"
 
 
 def _best(contexts: dict, b: str) -> set[str]:
@@ -41,7 +53,7 @@ def readme(rungs: dict[str, dict], docs: dict, table: list[str]) -> str:
     lines += ["", "'best in k/n': point rank 1 in k of the rung's n contexts (rung 1: sampler × checkpoint; rung 2: "
               "family × checkpoint × L × sampler); 'can be best': no other estimator distinguishably better.", "",
               "Scale at which each rung holds:", ""]
-    lines += [f"- **{r}**: {SCALE[r]}." for r in rungs]
+    lines += [f"- **{r}**: {scale(r, docs)}." for r in rungs]
     if "rung 1" in rungs and "rung 2" in rungs:
         lines += ["", "Where the rungs disagree (the point-best estimators differ):", ""]
         diff = [f"- ≤ {b} rows: rung 1 {', '.join(sorted(_best(rungs['rung 1'], str(b))))}; rung 2 "
