@@ -37,6 +37,14 @@ def family_rules(cfg: dict) -> list[tuple[str, str]]:
     return [(f, r) for f in cfg.get("families", ("llada",)) for r in RULES[f]]
 
 
+def rule_label(rule: str) -> str:
+    """'LLaDA low_confidence', 'Dream entropy', ... (the family a sampler rule belongs to, named)."""
+    from dllm_ais.analysis.estimators import RULES
+
+    family = next(f for f, rules in RULES.items() if rule in rules)
+    return f"{FAMILY_NAMES[family]} {rule}"
+
+
 def model_key(family: str, seed: int, checkpoint) -> str:
     from dllm_ais.analysis.estimators import model_key as key
 
@@ -92,7 +100,7 @@ def sentence(rule: str, ck: str, summ: dict) -> str:
         parts.append(f"{lead} (lowest mean: {w['winner']}, K = {w['winner_budget']}, {w['winner_rows']:.2g} rows; "
                      f"MSE {_fmt(w['mse'])}; {robust_verdict(w['robust'])}; {verdict} runner-up {w['runner_up']} "
                      f"(K = {w['runner_up_budget']}) {_fmt(w['runner_up_mse'])} by the paired interval)")
-    return f"**{rule}, checkpoint {ck}**: " + "; ".join(parts) + "."
+    return f"**{rule_label(rule)}, checkpoint {ck}**: " + "; ".join(parts) + "."
 
 
 def ranking_table(summ: dict) -> list[str]:
@@ -153,7 +161,8 @@ def write_readme(doc: dict, path: Path) -> None:
     lines += [f"- `{k}`: {v}" for k, v in doc["impossible_budgets"].items()]
     for rule in summ:
         for ck, s in summ[rule].items():
-            lines += ["", f"## {rule}, checkpoint {ck} (J = {_fmt(s['J'])})", "", "Ranking per budget (each "
+            lines += ["", f"## {rule_label(rule)}, checkpoint {ck} (J = {_fmt(s['J'])})", "",
+                      "Ranking per budget (each "
                       "estimator at its best setting whose mean rows fit; paired over the seeds):", ""]
             lines += ranking_table(s)
             lines += ["", "All settings:", "",
@@ -190,7 +199,7 @@ def write_figure(doc: dict, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("expected forward rows per completion")
         ax.set_ylabel("MSE of the GRPO gradient vs g* (log)")
-        ax.set_title(f"{rule}, checkpoint {ck}", fontsize=9)
+        ax.set_title(f"{rule_label(rule)}, checkpoint {ck}", fontsize=9)
         if i == 0:
             ax.legend(fontsize=7)
     fig.suptitle("Exact MSE = bias² + tr Var (N = 64) per policy likelihood; mean over seeds, 95 % t bars")

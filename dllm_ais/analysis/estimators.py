@@ -104,8 +104,9 @@ def impossible_budgets(L: int, budgets: tuple[int, ...]) -> dict[str, str]:
             "elbo-quadrature": "K must be even (K/2 repeats of the 2 Gauss nodes); K = 1 is impossible",
             "coupled": "3 rows per draw (full, partial, complement): measured at 3, none of "
                        f"{', '.join(map(str, budgets))} is reachable",
-            "trajectory": f"one row per sampler step: L = {L} under low-confidence (fewer expected steps under the "
-                          "threshold rule); more rows than steps do not exist",
+            "trajectory": f"one row per sampler step that commits: L = {L} under LLaDA's low-confidence rule (fewer "
+                          "expected steps under the threshold rule; Dream's schedule commits nothing at its first "
+                          f"step: {L - 1} rows); more rows than steps do not exist",
             "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence"}
 
 
