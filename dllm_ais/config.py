@@ -1,4 +1,4 @@
-"""Frozen configuration dataclasses (one per component) and named presets.
+"""Frozen configuration dataclasses (one per component); the named presets are in dllm_ais/presets.py.
 
 Every field has a docstring; `__post_init__` rejects bad values with a message that says what to change.
 """
@@ -7,17 +7,21 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from dllm_ais.families import FAMILIES, foreign_sampler_setting, get_family
 from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
 CACHE_MODES = ("none", "prefix", "dual")
 CUDA_GRAPH_MODES = ("auto", "on", "off")  # samplers.cuda_graphs.MODES (not imported here: config stays light)
+POSITION_RULES = tuple(dict.fromkeys(r for f in FAMILIES.values() for r in f.position_rules))
+"""Every family's named position rules (--dream-alg: Dream's `alg` values, models/dream/family.py)."""
+SDAR_STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "sequential")
+"""Block diffusion's commit rules (SDAR `block_diffusion_generate`; models/sdar/selection.py is their law)."""
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
-POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg")
+POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg", "mdpo", "dtreerpo")
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
 RATIO_LEVELS = ("sequence", "token")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-FAMILIES = ("llada", "qwen", "dream")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
 """accelerate's experiment trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS), the names `report_to` takes."""
 
@@ -27,9 +31,9 @@ class ModelConfig:
     """Which model to load and how."""
 
     family: str = "llada"
-    """Model family: `llada` (masked diffusion, our LLaDAModelLM), `dream` (masked diffusion with shifted logits,
-    our DreamModel) or `qwen` (autoregressive Qwen2/Qwen3 through transformers). Chooses the sampler, likelihoods
-    and checkpoint format."""
+    """Model family, a key of dllm_ais/families.py's registry: `llada` (masked diffusion, our LLaDAModelLM), `dream`
+    (masked diffusion with shifted logits, our DreamModel) or `qwen` (autoregressive Qwen2/Qwen3 through
+    transformers). Chooses the sampler, likelihoods and checkpoint format."""
     path: str | None = None
     """Local checkpoint directory (LLaDA: official layout; Qwen: save_pretrained layout) or hub id.
     None = the family's tiny built-in model."""
@@ -45,25 +49,6 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.family={self.family!r}: use one of {', '.join(FAMILIES)}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"ModelConfig.dtype={self.dtype!r}: use one of {', '.join(DTYPES)}.")
-
-
-def dream_refusal(s: SamplerConfig, policy_logprob: str, mismatch_estimator: str, trajectory_steps: int | None
-                  ) -> str | None:
-    """What Dream's trainer backend (train/dream_backend.py) cannot do yet, in one line, or None."""
-    for bad, why in ((policy_logprob == "trajectory", "--policy-logprob trajectory is LLaDA's replay; use one_step or "
-                      "a mask-draw likelihood (elbo, coupled, spg)"),
-                     (mismatch_estimator == "trajectory" and s.cache != "none", f"--cache {s.cache}: Dream's "
-                      "trajectory ratio replays the uncached schedule only; use --cache none"),
-                     (trajectory_steps is not None, "--trajectory-steps: Dream's trajectory ratio replays every "
-                      "step; drop it"),
-                     (s.cfg_scale != 0, "--cfg-scale: Dream's sampler has no classifier-free guidance; drop it"),
-                     (s.max_commit_per_step is not None, "--max-commit-per-step is LLaDA's threshold cap; drop it"),
-                     (s.cuda_graphs == "on", "--cuda-graphs on: Dream's sampler runs eager (no graphs yet); use auto"),
-                     (s.cache == "none" and s.block_length != s.gen_length, f"--block-length {s.block_length} "
-                      "needs --cache prefix or dual (Dream's own generate has one block); or set it to --gen-length")):
-        if bad:
-            return f"Dream: {why}."
-    return None
 
 
 @dataclass(frozen=True)
@@ -104,6 +89,22 @@ class SamplerConfig:
     the per-kernel launch cost that bounds small steps (the FP8 window step). `auto` = on for CUDA rollouts, eager
     elsewhere or (with a warning) where a capture fails; `on` = graphs or a one-line refusal (not CUDA, not a module);
     `off` = never. Same results as eager up to kernel choice; with `compile` the compiled step is captured."""
+    dream_alg: str | None = None
+    """Dream's position rule (overrides `remasking`): origin (random order), maskgit_plus (top-1 probability),
+    topk_margin (top-1 − top-2) or entropy (Dream's own evaluation rule). None = from `remasking`: random → origin,
+    low_confidence → the checkpoint's generation_config.json alg when it is a confidence rule, else maskgit_plus
+    (never the hub's "origin"). A run writes the rule it resolved here (models/dream/backend.py)."""
+    dream_alg_temp: float | None = None
+    """Dream's alg_temp: 0 = commit the most confident positions, > 0 = draw them from softmax(confidence / alg_temp);
+    None = the checkpoint's generation_config.json alg_temp, else 0."""
+    sdar_strategy: str | None = None
+    """Block diffusion (SDAR) only: which masked slots of the block a step commits — low_confidence_static (the
+    step's quota, most confident first), low_confidence_dynamic (every slot with confidence > sdar_threshold when
+    they reach the quota, else the quota's most confident), sequential (the quota's leftmost). None = the family's
+    default (SDAR: low_confidence_dynamic). Other families refuse it."""
+    sdar_threshold: float | None = None
+    """Block diffusion (SDAR) only: τ of low_confidence_dynamic, in (0, 1) (None = the family's default, SDAR 0.9:
+    TraDo's rollout setting). Other families refuse it."""
 
     def __post_init__(self):
         if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
@@ -126,8 +127,18 @@ class SamplerConfig:
                              f"{', '.join(CUDA_GRAPH_MODES)}.")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"SamplerConfig.cache={self.cache!r}: use one of {', '.join(CACHE_MODES)}.")
+        if self.dream_alg is not None and self.dream_alg not in POSITION_RULES:
+            raise ValueError(f"SamplerConfig.dream_alg={self.dream_alg!r}: use one of {', '.join(POSITION_RULES)}.")
+        if self.dream_alg_temp is not None and not self.dream_alg_temp >= 0:
+            raise ValueError(f"SamplerConfig.dream_alg_temp={self.dream_alg_temp} must be >= 0 (0 = the most "
+                             "confident positions).")
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"SamplerConfig.threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
+        if self.sdar_strategy is not None and self.sdar_strategy not in SDAR_STRATEGIES:
+            raise ValueError(f"SamplerConfig.sdar_strategy={self.sdar_strategy!r}: use one of "
+                             f"{', '.join(SDAR_STRATEGIES)}.")
+        if self.sdar_threshold is not None and not 0.0 < self.sdar_threshold < 1.0:
+            raise ValueError(f"SamplerConfig.sdar_threshold={self.sdar_threshold} must be in (0, 1).")
         if self.max_commit_per_step is not None:
             if self.threshold is None:
                 raise ValueError(f"SamplerConfig.max_commit_per_step={self.max_commit_per_step} caps threshold "
@@ -142,8 +153,8 @@ class SamplerConfig:
 
 @dataclass(frozen=True)
 class PolicyLikelihoodConfig:
-    """Settings of the mask-draw policy likelihoods (`elbo`, `coupled`, `spg`; dllm_ais/likelihood/policy.py), given
-    whole to the backend. Which one is used is TrainConfig.policy_logprob; docs/likelihoods.md explains each."""
+    """Settings of the mask-draw policy likelihoods (dllm_ais/likelihood/policy.py; docs/likelihoods.md), given whole
+    to the backend. Which one is used is TrainConfig.policy_logprob."""
 
     elbo_draws: int = 2
     """K mask draws per sequence of `elbo` and `spg` (forward rows per sequence; memory does not grow with K)."""
@@ -161,31 +172,38 @@ class PolicyLikelihoodConfig:
     spg_beta: float = 1.5
     """`spg`: the EUBO's exponent β (> 0)."""
     spg_mix: float | None = None
-    """`spg`: None = the EUBO for non-positive advantages; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO
-    (SPG: 0.5)."""
+    """`spg`: None = the EUBO for Â ≤ 0; w in [0, 1] = the mixture w·EUBO + (1 − w)·ELBO for them (SPG: 0.5)."""
     spg_block_length: int | None = None
     """`spg`: block length of the block-random masks; None = the sampler's block_length."""
+    spg_block_rule: str = "permutation"
+    """`spg`: each draw's block: permutation (SPG: draws take a random permutation of the blocks) or independent."""
     spg_p_mask_prompt: float = 0.3
     """`spg`: probability of masking each prompt token and each token of the blocks before the chosen one (SPG's
     config and GSM8K recipe: 0.3; DARE uses d1's 0.15)."""
+    mdpo_steps: int = 16
+    """`mdpo`: the rollout's canvases x_t scored per sequence, at most (MDPO's sample_train_steps: 16)."""
+    mdpo_confidence: bool = True
+    """`mdpo`: weight each token by the probability the sampler committed it with (MDPO); False = weight 1."""
+    dtreerpo_segments: int = 2
+    """`dtreerpo`: segments s of the rollout's T steps, cut at int(k·T/s) (d-TreeRPO's branch points: s = 2)."""
     mask_tail: bool = True
     """Post-EOS positions shown as mask tokens (the sampler's blank canvas) rather than as themselves; never scored."""
     batch_size: int = 64
     """Forward rows per model call."""
 
     def __post_init__(self):
-        if isinstance(self.elbo_draws, bool) or not isinstance(self.elbo_draws, int) or self.elbo_draws < 1:
-            raise ValueError(f"elbo_draws={self.elbo_draws!r}: need an int >= 1 (mask draws per sequence).")
-        if self.elbo_scheme not in ELBO_SCHEMES:
-            raise ValueError(f"elbo_scheme={self.elbo_scheme!r}: use one of {', '.join(ELBO_SCHEMES)}.")
+        for name in ("elbo_draws", "mdpo_steps", "dtreerpo_segments"):
+            if isinstance(v := getattr(self, name), bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: need an int >= 1 (mask draws, canvases or segments per sequence).")
+        for name, choices in (("elbo_scheme", ELBO_SCHEMES), ("elbo_ratio_level", RATIO_LEVELS),
+                              ("spg_block_rule", ("permutation", "independent"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r}: use one of {', '.join(choices)}.")
         if self.elbo_scheme != "stratified" and self.elbo_draws % 2:
             raise ValueError(f"elbo_draws={self.elbo_draws} with elbo_scheme {self.elbo_scheme}: needs an even K "
                              "(antithetic: a mask and its complement; quadrature: 2 nodes); pass an even --elbo-draws.")
-        if self.elbo_ratio_level not in RATIO_LEVELS:
-            raise ValueError(f"elbo_ratio_level={self.elbo_ratio_level!r}: use one of {', '.join(RATIO_LEVELS)}.")
         if not 0.0 < self.coupled_t_min <= self.coupled_t_max < 1.0:
-            raise ValueError(f"coupled t range ({self.coupled_t_min}, {self.coupled_t_max}): need 0 < t_min <= t_max "
-                             "< 1.")
+            raise ValueError(f"coupled t range ({self.coupled_t_min}, {self.coupled_t_max}): need 0 < min <= max < 1.")
         if not self.spg_beta > 0:
             raise ValueError(f"spg_beta={self.spg_beta}: the EUBO exponent must be > 0 (SPG: 1.5).")
         if self.spg_mix is not None and not 0.0 <= self.spg_mix <= 1.0:
@@ -253,10 +271,11 @@ class TrainConfig:
     completion token masked at once, one forward), `trajectory` (the replay of the rollout's recorded canvases under
     θ with gradients, with the rollout sampler's cache and temperature: the likelihood of the path actually sampled;
     `trajectory_steps` subsamples it, `trajectory_selection` adds the choice of positions), `elbo` (sequence ELBO,
-    ESPO/GDPO/VRPO), `coupled` (DiffuCoder's three-pass per-token estimator) or `spg` (SPG's ELBO/EUBO bounds, its
-    own loss: no ratio, no clip, β = 0). Settings: `likelihood`."""
+    ESPO/GDPO/VRPO), `coupled` (DiffuCoder's three-pass per-token estimator), `spg` (SPG's ELBO/EUBO bounds, its
+    own loss: no ratio, no clip, β = 0), `mdpo` (MDPO: the rollout's canvases x_t, λ_t- and confidence-weighted) or
+    `dtreerpo` (d-TreeRPO: each segment's tokens at the segment's first canvas). Settings: `likelihood`."""
     likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
-    """Settings of the `elbo`, `coupled` and `spg` policy likelihoods (a dict in config.json)."""
+    """Settings of the mask-draw policy likelihoods (a dict in config.json)."""
     trajectory_selection: bool = False
     """Trajectory likelihoods (policy and mismatch ratio) include each step's selection term (which positions the
     sampler committed: top-k confidence or threshold); False = the commit-only likelihood. Off by default: the
@@ -370,16 +389,43 @@ class Preset:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     """FP8 mismatch correction (AIS by default)."""
 
+    @property
+    def objective(self) -> str:
+        """What the run optimises, in a few words: "AIS-GRPO", "GRPO" (no correction), "TIS-GRPO" ..., or "SPG" (its
+        own loss; the correction still weights it)."""
+        correction = self.correction.correction
+        if self.train.policy_logprob == "spg":
+            return "SPG" if correction == "none" else f"SPG ({correction.upper()})"
+        return "GRPO" if correction == "none" else f"{correction.upper()}-GRPO"
+
+    def summary(self) -> str:
+        """One line naming what a run of this preset does: model, objective, policy likelihood, mismatch ratio,
+        rollouts (printed when a run starts and ends; four estimator runs never look alike)."""
+        family = get_family(self.model.family)
+        model = f"{family.title} {self.model.path or '(tiny built-in)'}"
+        likelihood = self.train.policy_logprob if family.diffusion else "exact (autoregressive)"
+        if self.train.policy_logprob in ("elbo", "spg") and family.diffusion:
+            likelihood += f" K={self.train.likelihood.elbo_draws}"
+        mismatch = f", mismatch ℓ {self.train.mismatch_estimator}" if family.diffusion else ""
+        return (f"{self.name}: {model}; {self.objective}, policy likelihood {likelihood}{mismatch}; "
+                f"{self.train.rollout_precision.upper()} rollouts; {self.train.steps} steps")
+
     def __post_init__(self):
         if self.correction.train_forward == "aligned" and self.train.rollout_precision != "fp8":
             raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
                              "it needs --rollout-precision fp8 (or use --train-forward bf16).")
-        if self.model.family in ("llada", "dream"):  # the diffusion families
+        family = get_family(self.model.family)
+        if why := foreign_sampler_setting(family, self.sampler):
+            raise ValueError(why)
+        if family.diffusion:
             self._check_mismatch_estimator()
             self._check_policy_logprob()
-        if self.model.family == "dream" and (why := dream_refusal(self.sampler, self.train.policy_logprob,
-                                                                  self.train.mismatch_estimator,
-                                                                  self.train.trajectory_steps)):
+        if not family.position_rules and (self.sampler.dream_alg, self.sampler.dream_alg_temp) != (None, None):
+            raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
+                             "none: drop them (--remasking chooses its rule).")
+        if family.refusal is not None and (why := family.refusal(self.sampler, self.train.policy_logprob,
+                                                                 self.train.mismatch_estimator,
+                                                                 self.train.trajectory_steps)):
             raise ValueError(why)
         if self.grpo.max_completion_length < self.sampler.gen_length:
             object.__setattr__(self, "grpo", replace(self.grpo, max_completion_length=self.sampler.gen_length))
@@ -408,8 +454,9 @@ class Preset:
             level = self.train.likelihood.elbo_ratio_level
             object.__setattr__(self, "grpo", replace(self.grpo, importance_sampling_level=level))
         if name == "spg" and self.grpo.beta != 0:
-            raise ValueError(f"--policy-logprob spg with --beta {self.grpo.beta}: SPG trains without a KL term "
-                             "(β_KL = 0); set GRPOConfig.beta to 0 (--beta 0).")
+            raise ValueError(f"--policy-logprob spg with β = {self.grpo.beta} (GRPOConfig.beta): SPG trains without a "
+                             "KL term; set it to 0 (--beta 0; `dllm-ais train --policy-logprob spg` does so itself "
+                             "unless --beta is given).")
         if name != "trajectory":
             return
         if self.sampler.temperature == 0:
@@ -439,148 +486,6 @@ class Preset:
                 raise ValueError(f"config section {key!r} has unknown field(s) {sorted(unknown)}.")
             kwargs[key] = cls_(**section)
         return cls(**kwargs)
-
-
-def _d1(name: str, task: str, description: str) -> Preset:
-    """d1 / diffu-GRPO settings for LLaDA-8B-Instruct (LoRA r=128, α=64; G=6; 256 tokens, block 32, 128 steps)."""
-    return Preset(
-        name, description,
-        ModelConfig(path="GSAI-ML/LLaDA-8B-Instruct", dtype="bfloat16", device="cuda"),
-        SamplerConfig(gen_length=256, block_length=32, steps=128, temperature=0.9),
-        TrainConfig(task=task, steps=2000 if task in ("countdown", "sudoku") else 4000, prompts_per_step=1,
-                    learning_rate=3e-6, weight_decay=0.1, max_grad_norm=0.2, gradient_accumulation_steps=2,
-                    fp8_backend="auto", lora_r=128, lora_alpha=64.0, save_every=100),
-        GRPOConfig(num_generations=6, scale_rewards="none", epsilon=0.5, beta=0.04, loss_type="grpo",
-                   max_completion_length=256, num_iterations=12),
-    )
-
-
-def _dream(name: str, task: str, description: str) -> Preset:
-    """Dream-v0-Instruct-7B with d1's RL settings and canvas (256 tokens, 128 steps; one block) so its plan compares
-    with llada-8b-gsm8k's like for like; `dllm-ais plan` counts it (about 7.6 B parameters, GQA KV cache)."""
-    d1 = _d1(name, task, description)  # one block of 256 (Dream's own generate has no blocks), 128 steps
-    return replace(d1, model=ModelConfig(family="dream", path="Dream-org/Dream-v0-Instruct-7B", dtype="bfloat16",
-                                         device="cuda"), sampler=replace(d1.sampler, block_length=256))
-
-
-def _qwen(name: str, task: str, description: str) -> Preset:
-    """Qwen3-8B with FP8 rollouts: exact token-level mismatch weights, LoRA r=64, G=8, 512 new tokens."""
-    return Preset(
-        name, description,
-        ModelConfig(family="qwen", path="Qwen/Qwen3-8B", dtype="bfloat16", device="cuda"),
-        SamplerConfig(gen_length=512, block_length=512, steps=1, temperature=1.0),
-        TrainConfig(task=task, steps=1000, prompts_per_step=2, learning_rate=1e-6, gradient_accumulation_steps=4,
-                    fp8_backend="triton", lora_r=64, lora_alpha=128.0, save_every=100),
-        GRPOConfig(num_generations=8, epsilon=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo",
-                   max_completion_length=512, num_iterations=1),
-        CorrectionConfig(correction_level="token", ais_tau=0.05),
-    )
-
-
-def _digits_study(name: str, description: str, length: int, sft_steps: int) -> Preset:
-    """A corrections-study testbed: the tiny LLaDA on the `length`-digit shift (length + 1 counted tokens, the stop
-    included) decoded one token per step, 80 GRPO steps × 8 prompts × G = 8, lr 5e-4, β = 0 (the policy may
-    concentrate), after `sft_steps` of SFT warm-up."""
-    n = length + 1
-    return Preset(
-        name, description, ModelConfig(), SamplerConfig(gen_length=n, block_length=n, steps=n, temperature=1.0),
-        TrainConfig(task="digits", task_config={"op": "shift", "length": length}, steps=80, prompts_per_step=8,
-                    learning_rate=5e-4, sft_steps=sft_steps, mismatch_num_draws=2),
-        GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",
-                   max_completion_length=n, num_iterations=2))
-
-
-PRESETS: dict[str, Preset] = {
-    p.name: p
-    for p in (
-        # tiny-cpu: chosen from the trials in docs/cpu.md ("How the recipe was chosen"): the digits task with op shift
-        # (each digit +1; reverse plateaued near 0.3-0.45 with a repeated-digit policy), lr 2e-4 (5e-4 learned in
-        # ~40 steps, too fast to show in quarter means), a k3 KL to the SFT model (beta 0.04, as d1), K = 2 mask
-        # draws (mismatch estimation was the costliest phase at K = 4). Prompts go through the tiny tokenizer's chat
-        # template. SFT 35 steps teaches the stop token (greedy: 20 steps wrote nothing or too few digits and RL
-        # then learned a fifth digit where EOS belongs; 35: the right length on every held-out prompt, strict
-        # accuracy well above 0, and RL still has most of the reward to gain); 120 steps (the reward climbs within
-        # ~60 steps at this SFT).
-        Preset("tiny-cpu", "Tiny built-in LLaDA on CPU: SFT warm-up on digits, then AIS-GRPO with FP8 rollouts.",
-               ModelConfig(), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
-               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
-                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2),
-               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
-                          max_completion_length=5, num_iterations=2)),
-        # tiny-dream: tiny-cpu's recipe on the tiny built-in Dream (models/tiny.py; shifted logits, Dream's sampler
-        # and schedule, its fused FP8 rollout copy) at lr 5e-4 (2e-4: +0.23 in 120 steps; SFT 100: starts at 0.80,
-        # little left to learn); one seed, docs/cpu.md ("The tiny-dream preset").
-        Preset("tiny-dream", "Tiny built-in Dream on CPU: SFT warm-up on digits, then AIS-GRPO with FP8 rollouts.",
-               ModelConfig(family="dream"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
-               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
-                           prompts_per_step=16, learning_rate=5e-4, sft_steps=35, mismatch_num_draws=2),
-               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
-                          max_completion_length=5, num_iterations=2)),
-        # tiny-cpu-justgrpo: tiny-cpu decoded left to right (block length 1: one position per block, each step
-        # commits it), so the trajectory likelihood is the exact autoregressive factorisation JustGRPO trains on
-        # (tests/test_trajectory_merge.py checks it equals the product of the conditionals); the mismatch ratio is
-        # the trajectory one, exact for that path too. Not tuned: tiny-cpu's recipe otherwise.
-        Preset("tiny-cpu-justgrpo", "tiny-cpu decoded left to right (block length 1): JustGRPO's exact AR "
-               "likelihood as the trajectory policy likelihood.",
-               ModelConfig(), SamplerConfig(gen_length=5, block_length=1, steps=5, temperature=1.0),
-               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
-                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2,
-                           mismatch_estimator="trajectory", policy_logprob="trajectory"),
-               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
-                          max_completion_length=5, num_iterations=2)),
-        # study-cpu: the testbed of the study's earlier plans (corrections-v1/v2, never run; now study-cpu-16):
-        # 12-digit shift (13 counted tokens: Var ℓ ≈ 2·L·κ about 3× the default's), β = 0 and lr 5e-4 so the BF16
-        # policy concentrates within the run; SFT 25 steps (strict accuracy 0.0: neither the digits nor the stop are
-        # taught yet). Its one-seed pilots are in benchmarks/study/pilots.md (with SFT 40 BF16 and MXFP4 ended level
-        # at 0.977 / 0.978; with SFT 25 the harm seen on seed 0 did not survive a second seed).
-        _digits_study("study-cpu", "Earlier study testbed (plans v1/v2, never run): 12-digit shift, SFT 25.", 12, 25),
-        # study-cpu-16: the testbed of the registered corrections study (study/plan.toml, corrections-v3): study-cpu
-        # with 16-digit strings (completions of 17 counted tokens) and SFT 40 steps. Results:
-        # benchmarks/study/corrections-v3/.
-        _digits_study("study-cpu-16", "Testbed of the corrections study (corrections-v3): 16-digit shift, SFT 40.",
-                      16, 40),
-        # study-cpu-32: a PILOT CANDIDATE (not registered in any plan): 32-digit strings, completions of 33 counted
-        # tokens (Var ℓ ≈ 2·L·κ about twice study-cpu-16's, whose stress arms ended at ESS 0.96-0.99), SFT 60 steps.
-        _digits_study("study-cpu-32", "Pilot candidate for the corrections study: study-cpu with 32-digit strings.",
-                      32, 60),
-        # tiny-cpu-arith: the earlier tiny-cpu (single-digit arith); benchmarks/study/ was produced on it (the study
-        # pins this preset and overrides β = 0 and its run size, see dllm_ais/analysis/study.py).
-        Preset("tiny-cpu-arith", "The earlier tiny-cpu on single-digit arith: the testbed of benchmarks/study/.",
-               ModelConfig(), SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0),
-               TrainConfig(task="arith", task_config={"max_operand": 9}, steps=300, prompts_per_step=16,
-                           learning_rate=5e-4, sft_steps=200, mismatch_num_draws=2),
-               GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
-                          max_completion_length=4, num_iterations=2)),
-        Preset("llada-8b-instruct", "LLaDA-8B-Instruct from a local directory (--model DIR), bf16 on GPU.",
-               ModelConfig(path="GSAI-ML/LLaDA-8B-Instruct", dtype="bfloat16", device="cuda"),
-               SamplerConfig(gen_length=256, block_length=32, steps=128)),
-        _d1("llada-8b-gsm8k", "gsm8k", "LLaDA-8B-Instruct AIS-GRPO on GSM8K, d1's settings (8 GPUs, accelerate)."),
-        _d1("llada-8b-math", "math500", "LLaDA-8B-Instruct AIS-GRPO on MATH, d1's settings (--data MATH train file)."),
-        _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural), d1's settings."),
-        _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
-        _dream("dream-7b-gsm8k", "gsm8k", "Dream-v0-Instruct-7B AIS-GRPO on GSM8K, d1's settings (one block of 256)."),
-        _dream("dream-7b-math", "math500", "Dream-v0-Instruct-7B on MATH, d1's settings (--data: MATH train file)."),
-        _dream("dream-7b-countdown", "countdown", "Dream-v0-Instruct-7B on Countdown (procedural), d1's settings."),
-        _dream("dream-7b-sudoku", "sudoku", "Dream-v0-Instruct-7B AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
-        # tiny-qwen: was arith with 300 SFT steps (5.5 of 6.2 minutes in SFT, reward falling over the RL steps); now
-        # tiny-cpu's recipe (digits shift, SFT 40 steps, β 0.04) at lr 1e-3, one seed measured (docs/cpu.md, Qwen).
-        Preset("tiny-qwen", "Tiny autoregressive Qwen3 on CPU: SFT warm-up on digits, AIS-GRPO with FP8 rollouts.",
-               ModelConfig(family="qwen"), SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0),
-               TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=100, prompts_per_step=16,
-                           learning_rate=1e-3, sft_steps=40),
-               GRPOConfig(num_generations=8, beta=0.04, max_completion_length=5, num_iterations=2),
-               CorrectionConfig(correction_level="token", ais_tau=0.05)),
-        _qwen("qwen3-8b-gsm8k", "gsm8k", "Qwen3-8B AIS-GRPO on GSM8K with FP8 rollouts (token-level AIS)."),
-        _qwen("qwen3-8b-math", "math500", "Qwen3-8B AIS-GRPO on MATH with FP8 rollouts (--data MATH train file)."),
-    )
-}
-
-
-def get_preset(name: str) -> Preset:
-    """The preset called `name`, or an error listing the known ones."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}.")
-    return PRESETS[name]
 
 
 def override(cfg, **changes):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dllm_ais.config import get_preset, override
+from dllm_ais.config import override
+from dllm_ais.presets import get_preset
 
 TINY_PROMPTS = ["12+7=", "3+45=", "Hello, "]
 
@@ -18,8 +19,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     check_device(args.device)
 
+    from dllm_ais.families import foreign_sampler_setting, get_family
     from dllm_ais.models.load import encode_prompts
-    from dllm_ais.train.job import family
 
     from_run = args.run is not None or (args.model is not None and is_checkpoint_dir(args.model))
     preset = get_preset(args.preset or "tiny-cpu") if not from_run else None
@@ -38,19 +39,32 @@ def cmd_sample(args: argparse.Namespace) -> int:
         print(f"model: {loaded.source}", file=sys.stderr)
     else:
         model_cfg = override(preset.model, path=args.model, device=args.device, dtype=args.dtype, seed=args.seed)
-        model, tokenizer = family(model_cfg.family).load(model_cfg)
+        model, tokenizer = get_family(model_cfg.family).load(model_cfg)
         if model_cfg.path is None:
             print(f"note: no --model or --run: sampling the UNTRAINED tiny built-in model (random weights, seed "
                   f"{model_cfg.seed}), so the text is gibberish. Pass --run RUN_DIR (its latest checkpoint), --model "
                   "RUN_DIR/checkpoints/step-N, or --model CHECKPOINT_DIR.", file=sys.stderr)
+    if from_run:  # a trained model samples as `dllm-ais eval` scores it (tiny: the rollout settings at T = 0)
+        from dllm_ais.analysis.evaluate import eval_sampler
+
+        base, source = eval_sampler(preset), "the run's eval sampler"
+    else:
+        base, source = preset.sampler, f"preset {preset.name}'s rollout sampler"
     block_length = args.block_length
-    if block_length is None and args.gen_length and preset.sampler.block_length == preset.sampler.gen_length:
+    if block_length is None and args.gen_length and base.block_length == base.gen_length:
         block_length = args.gen_length  # a one-block preset (tiny-cpu) stays one block at another length
-    sampler_cfg = override(preset.sampler, gen_length=args.gen_length, block_length=block_length,
+    sampler_cfg = override(base, gen_length=args.gen_length, block_length=block_length,
                            steps=args.steps, temperature=args.temperature, remasking=args.remasking,
                            cfg_scale=args.cfg_scale, cache=args.cache, threshold=args.threshold,
-                           cuda_graphs=args.cuda_graphs)
-    if model_cfg.family == "qwen" and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
+                           cuda_graphs=args.cuda_graphs, dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp,
+                           sdar_strategy=args.sdar_strategy, sdar_threshold=args.sdar_threshold)
+    family = get_family(model_cfg.family)
+    if not family.position_rules and (args.dream_alg, args.dream_alg_temp) != (None, None):
+        raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
+                         "none: drop them (--remasking chooses its rule).")
+    if why := foreign_sampler_setting(family, sampler_cfg):
+        raise ValueError(why)
+    if not family.diffusion and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
         raise ValueError("--cache/--threshold apply to diffusion (LLaDA, Dream) sampling only; drop them for this "
                          "model.")
     if args.fp8 and args.fp4:
@@ -63,19 +77,30 @@ def cmd_sample(args: argparse.Namespace) -> int:
         from dllm_ais.fp4.linear import quantize_model as quantize_model_fp4
 
         model = quantize_model_fp4(model, fmt=args.fp4_format)
-    elif model_cfg.family == "llada":  # the fused BF16 rollout copy (fp8/fused_llada.py): same numbers, fewer kernels
-        from dllm_ais.fp8.fused_llada import build_fused_llada
-
-        model = build_fused_llada(model, None)
+    elif family.bf16_sampling_copy is not None:  # e.g. LLaDA's fused BF16 copy: same numbers, fewer kernels
+        model = family.bf16_sampling_copy(model)
+    print(f"sampler: {sampler_settings(sampler_cfg, family.diffusion)} ({source}; the sampling flags change it)",
+          file=sys.stderr)
     prompts = args.prompt or _default_prompts(preset, model_cfg)
     ids, mask = encode_prompts(tokenizer, prompts, chat=not args.no_chat, device=model_cfg.device)
     generator = torch.Generator(device=model_cfg.device).manual_seed(args.seed)
-    backend = family(model_cfg.family).backend(sampler_cfg, model, tokenizer)
+    backend = family.backend(sampler_cfg, model, tokenizer)
+    if getattr(backend, "note", None):  # e.g. Dream: what its generation_config.json sets and what runs
+        print(backend.note, file=sys.stderr)
     rollout = backend.sample(model, ids, mask, generator, progress=sys.stderr.isatty() or args.progress)
     for prompt, comp, keep in zip(prompts, rollout.completion_ids, rollout.completion_mask, strict=True):
         text = tokenizer.decode(comp[keep], skip_special_tokens=True)
         print(f"### {prompt}\n{text}\n")
     return 0
+
+
+def sampler_settings(s, diffusion: bool = True) -> str:
+    """The settings a SamplerConfig samples with, in one line (an autoregressive family: temperature and length)."""
+    if not diffusion:
+        return f"temperature {s.temperature:g}, up to {s.gen_length} tokens"
+    fast = f", cache {s.cache}" * (s.cache != "none") + f", threshold {s.threshold}" * (s.threshold is not None)
+    return (f"temperature {s.temperature:g}, {s.gen_length} tokens in blocks of {s.block_length}, {s.steps} steps, "
+            f"{s.remasking} remasking{fast}")
 
 
 def _default_prompts(preset, model_cfg) -> list[str]:

@@ -1,6 +1,7 @@
-"""Read and write LLaDA checkpoint directories in the official layout, without trust_remote_code.
+"""Read and write checkpoint directories in the official hub layout of a family (LLaDA, Dream), without
+trust_remote_code: what every family's checkpoint reader shares (models/<family>/checkpoint.py holds the rest).
 
-A directory holds `config.json` (model_type "llada"), `model.safetensors` or sharded
+A directory holds `config.json`, `model.safetensors` or sharded
 `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`, and tokenizer files. Every tensor is checked
 by name and shape before anything is assigned; saving is atomic (temporary directory, then rename).
 """
@@ -17,8 +18,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dllm_ais.atomic import atomic_dir
-
-from .llada import LLaDAConfig, LLaDAModelLM
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -43,61 +42,6 @@ def _read_json(path: Path) -> dict:
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e}).") from e
     return data if isinstance(data, dict) else {}
-
-
-def read_json_object(path: Path, error: type[Exception] = ValueError) -> dict:
-    """The JSON object in `path`, or `error` with one line naming the file and what is wrong (truncated, not an
-    object)."""
-    text = path.read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        cut = " — the file looks truncated (it ends before the JSON does)" if e.pos >= len(text.rstrip()) else ""
-        raise error(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}{cut}; restore or "
-                    "re-download it.") from None
-    if not isinstance(data, dict):
-        raise error(f"{path}: holds a JSON {type(data).__name__}, not an object of config fields.")
-    return data
-
-
-def _check_field_types(data: dict, cfg_file: Path) -> None:
-    """Every field LLaDAConfig declares as int / float / bool (None allowed where it says `| None`) must hold that
-    type: one line naming the file and the field otherwise (a string "banana" for d_model would fail deep inside the
-    model's construction)."""
-    import inspect
-
-    kinds = {"int": int, "float": float, "bool": bool}
-    for name, param in inspect.signature(LLaDAConfig.__init__).parameters.items():
-        kind = kinds.get(str(param.annotation).split(" |")[0])
-        if kind is None or name not in data or (data[name] is None and "None" in str(param.annotation)):
-            continue
-        value, default = data[name], param.default
-        ok = (isinstance(value, bool) if kind is bool else
-              isinstance(value, int) and not isinstance(value, bool) if kind is int else
-              isinstance(value, (int, float)) and not isinstance(value, bool))
-        if not ok:
-            raise CheckpointError(f"{cfg_file}: field {name!r} is {value!r} ({type(value).__name__}); it must be "
-                                  f"{'a number' if kind is float else 'an integer' if kind is int else 'true/false'}"
-                                  f" (LLaDA-8B: {default!r}).")
-
-
-def read_llada_config(path: str | os.PathLike) -> LLaDAConfig:
-    """Parse `path/config.json` into an LLaDAConfig, naming the field that is wrong."""
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{cfg_file} not found: point --model at a LLaDA checkpoint directory.")
-    data = read_json_object(cfg_file, CheckpointError)
-    model_type = data.get("model_type")
-    if model_type != "llada":
-        raise CheckpointError(f"{cfg_file}: model_type is {model_type!r}, expected 'llada'. "
-                              "Autoregressive models go through the Qwen backend.")
-    if data.get("mask_token_id") is None:
-        raise CheckpointError(f"{cfg_file}: missing field 'mask_token_id' (126336 for LLaDA-8B); add it.")
-    _check_field_types(data, cfg_file)
-    fill_token_ids(data, path, OPTIONAL_TOKEN_IDS)  # never LLaDAConfig's LLaDA-8B defaults: out of range elsewhere
-    config = LLaDAConfig.from_dict(data)
-    return checked_config(config, cfg_file, ("eos_token_id", "pad_token_id", *OPTIONAL_TOKEN_IDS),
-                          config.embedding_size, f"the embedding ({config.embedding_size} rows)")
 
 
 def fill_token_ids(data: dict, path: str | os.PathLike, keys) -> None:
@@ -138,12 +82,12 @@ def _weight_files(path: Path) -> dict[str, list[str]]:
     raise CheckpointError(f"{path}: neither {SINGLE_NAME} nor {INDEX_NAME} found (only safetensors are loaded).")
 
 
-def read_checked_state(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype,
-                       device: str | torch.device, what: str,
-                       optional: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors, checked by name and shape against `expected` before any is
-    returned; names in `optional` may be absent (e.g. a tied LM head). `what` names the model in messages."""
-    state: dict[str, torch.Tensor] = {}
+def check_tensor_headers(path: Path, expected: dict[str, tuple[int, ...]], what: str,
+                         optional: frozenset[str] = frozenset()) -> dict[Path, list[str]]:
+    """Every tensor name and shape in the directory's safetensors headers checked against `expected` (no tensor is
+    read); names in `optional` may be absent (e.g. a tied LM head). Returns {file: its tensor names}. `what` names the
+    model in messages; a mismatch is one CheckpointError line naming the file and the tensor."""
+    found: dict[Path, list[str]] = {}
     for fname, names in _weight_files(path).items():
         fpath = path / fname
         if not fpath.is_file():
@@ -160,20 +104,37 @@ def read_checked_state(path: Path, expected: dict[str, tuple[int, ...]], dtype: 
                 if shape != expected[name]:
                     raise CheckpointError(f"{fpath}: tensor {name!r} has shape {shape}, config.json implies "
                                           f"{expected[name]}.")
-                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    missing = sorted(set(expected) - set(state) - optional)
+        found[fpath] = sorted(keys)
+    missing = sorted(set(expected) - {n for names in found.values() for n in names} - optional)
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise CheckpointError(f"{path}: missing tensor(s) {', '.join(missing[:3])}{more}.")
+    return found
+
+
+def read_checked_state(path: Path, expected: dict[str, tuple[int, ...]], dtype: torch.dtype,
+                       device: str | torch.device, what: str,
+                       optional: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's safetensors, read once all of them passed `check_tensor_headers`."""
+    state: dict[str, torch.Tensor] = {}
+    for fpath, names in check_tensor_headers(path, expected, what, optional).items():
+        with safe_open(str(fpath), framework="pt", device="cpu") as f:
+            for name in names:
+                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     return state
 
 
-def load_llada(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
-               device: str | torch.device = "cpu") -> LLaDAModelLM:
-    """Load an official-layout LLaDA directory into LLaDAModelLM (eval mode), checking every tensor."""
-    config = read_llada_config(path)
-    return load_checked_model(LLaDAModelLM, config, Path(path), dtype, device,
-                              f"a LLaDA model with {config.n_layers} layers")
+def expected_shapes(model_cls, config) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of `model_cls(config)`, built on the meta device (no memory, no weights)."""
+    with torch.device("meta"):
+        model = model_cls(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_model_files(model_cls, config, path: Path, what: str, tied: dict[str, str] | None = None) -> None:
+    """A checkpoint's tensors match what its config.json implies, checked from the safetensors headers only: run
+    before anything is written, so a run directory is never created for weights that cannot load."""
+    check_tensor_headers(Path(path), expected_shapes(model_cls, config), what, optional=frozenset(tied or {}))
 
 
 def load_checked_model(model_cls, config, path: Path, dtype: torch.dtype, device, what: str,
@@ -206,7 +167,7 @@ def _shards(state: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[s
     return shards
 
 
-def save_llada(model, path: str | os.PathLike, tokenizer=None,
+def save_checkpoint(model, path: str | os.PathLike, tokenizer=None,
                source_dir: str | os.PathLike | None = None, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write `model` (LLaDA or Dream) to `path` in the official layout, atomically (an existing `path` is replaced
     only at the end).
@@ -246,3 +207,8 @@ def save_llada(model, path: str | os.PathLike, tokenizer=None,
             (tmp / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                      indent=2))
     return path
+
+
+def save_model(model, tokenizer, path: str | os.PathLike) -> Path:
+    """The LLaDA and Dream families' save hook: `save_checkpoint(model, path, tokenizer=tokenizer)`."""
+    return save_checkpoint(model, path, tokenizer=tokenizer)

@@ -10,71 +10,43 @@ import torch
 
 from dllm_ais.config import ModelConfig
 
-from .checkpoint import load_llada
-from .llada import LLaDAModelLM
-from .tiny import tiny_dream_model, tiny_model, tiny_tokenizer
-
-
-def resolve_checkpoint_dir(path: str) -> Path:
-    """A local directory as is; otherwise a hub repo id, fetched with huggingface_hub (needs network access)."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        return local
-    if local.exists() or path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"--model {path}: not a checkpoint directory.")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.py", "*.txt", "*.model",
-                                                            "*.jinja"]))
-    except Exception as e:  # offline, unknown repo, no access
-        raise FileNotFoundError(f"--model {path}: not a local directory and the hub download failed ({e}). "
-                                "Download the checkpoint once and pass its directory with --model DIR.") from e
-
-
-FAMILY_OF_MODEL_TYPE = {"llada": "llada", "Dream": "dream", "dream": "dream", "qwen2": "qwen", "qwen3": "qwen"}
-"""config.json `model_type` -> family (LLaDA's remote code says "llada", Dream's "Dream")."""
-FAMILY_OF_ARCHITECTURE = {"LLaDAModelLM": "llada", "DreamModel": "dream", "Qwen2ForCausalLM": "qwen",
-                          "Qwen3ForCausalLM": "qwen"}
-"""config.json `architectures[0]` -> family, used when `model_type` is missing or unknown."""
+from .hub import resolve_checkpoint_dir
+from .tiny import tiny_tokenizer
 
 
 def detect_family(directory: str | Path) -> str:
-    """The model family ("llada", "dream", "qwen") of a checkpoint directory, from config.json's `model_type`, then
-    `architectures`; an unknown one is refused in one line."""
+    """The model family (a key of dllm_ais/families.py's registry) of a checkpoint directory, from config.json's
+    `model_type`, then `architectures`; an unknown one is refused in one line."""
+    from dllm_ais.families import FAMILIES, family_of_config
+
     cfg_file = Path(directory) / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file} not found: --model must be a checkpoint directory with a config.json.")
     data = json.loads(cfg_file.read_text())
-    model_type, archs = data.get("model_type"), data.get("architectures") or []
-    family = FAMILY_OF_MODEL_TYPE.get(model_type) or next(
-        (FAMILY_OF_ARCHITECTURE[a] for a in archs if a in FAMILY_OF_ARCHITECTURE), None)
+    family = family_of_config(data)
     if family is None:
-        raise ValueError(f"{cfg_file}: unknown model family (model_type {model_type!r}, architectures {archs}); "
-                         f"supported model_type: {', '.join(sorted(set(FAMILY_OF_MODEL_TYPE)))}.")
-    return family
+        known = sorted({t for f in FAMILIES.values() for t in f.model_types})
+        raise ValueError(f"{cfg_file}: unknown model family (model_type {data.get('model_type')!r}, architectures "
+                         f"{data.get('architectures') or []}); supported model_type: {', '.join(known)}.")
+    return family.name
 
 
-def load_model_and_tokenizer(cfg: ModelConfig) -> tuple[LLaDAModelLM, object]:
-    """The BF16 (or cfg.dtype) model on cfg.device in eval mode, and its tokenizer (left padding): LLaDA for
-    family "llada", Dream for family "dream" (its tiny built-in model when cfg.path is None). A checkpoint whose
-    config.json names another family than cfg.family is refused in one line."""
+def load_model_and_tokenizer(cfg: ModelConfig):
+    """A diffusion family's load hook: the BF16 (or cfg.dtype) model on cfg.device in eval mode — the family's tiny
+    built-in model when cfg.path is None, else its checkpoint reader's — and its tokenizer (left padding). A
+    checkpoint whose config.json names another family than cfg.family is refused in one line."""
+    from dllm_ais.families import get_family
+
+    family = get_family(cfg.family)
     dtype = getattr(torch, cfg.dtype)
     if cfg.path is None:
-        if cfg.family == "dream":
-            return tiny_dream_model(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_tokenizer()
-        return tiny_model(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_tokenizer()
+        return family.tiny(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_tokenizer()
     ckpt = resolve_checkpoint_dir(cfg.path)
     found = detect_family(ckpt)
     if found != cfg.family:
         raise ValueError(f"--model {cfg.path}: config.json holds a {found!r} model but the preset's family is "
                          f"{cfg.family!r}; pick a {found} preset.")
-    if found == "dream":
-        from .dream_checkpoint import load_dream
-
-        model = load_dream(ckpt, dtype=dtype, device=cfg.device)
-    else:
-        model = load_llada(ckpt, dtype=dtype, device=cfg.device)
+    model = family.load_dir(ckpt, dtype=dtype, device=cfg.device)
     tokenizer = load_tokenizer(ckpt, model.config)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
@@ -124,7 +96,7 @@ def fill_token_ids_from_tokenizer(config, tokenizer) -> None:
         config.eot_token_id = eot if isinstance(eot, int) and 0 <= eot < size else None
 
 
-def stop_token_ids(model: LLaDAModelLM) -> tuple[int, ...]:
+def stop_token_ids(model) -> tuple[int, ...]:
     """Tokens that end a completion: EOS and, where the config names one, end-of-turn."""
     ids = (model.config.eos_token_id, getattr(model.config, "eot_token_id", None))
     return tuple(i for i in ids if i is not None)

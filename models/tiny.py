@@ -13,7 +13,7 @@ import string
 import torch
 from torch import nn
 
-from .llada import LLaDAConfig, LLaDAModelLM, RMSNorm
+from .llada.model import LLaDAConfig, LLaDAModelLM, RMSNorm
 
 PAD_EOS = "<|endoftext|>"
 BOS = "<|startoftext|>"
@@ -100,7 +100,7 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -
 def tiny_dream_config(**overrides):
     """A 2-layer, hidden 64 Dream (4 query heads, 2 KV heads, q/k/v biases; about 0.1M parameters) matching
     `tiny_tokenizer()`'s ids (mask 4, pad = EOS 1, as Dream-7B has pad = EOS)."""
-    from .dream import DreamConfig
+    from .dream.model import DreamConfig
 
     vocab = tiny_vocab()
     fields = dict(
@@ -116,7 +116,7 @@ def tiny_dream_config(**overrides):
 def tiny_dream_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
     """A tiny DreamModel with weights (and q/k/v biases, so they matter) drawn from
     `torch.Generator().manual_seed(seed)`; its `config.eot_token_id` is the tokenizer's <|eot_id|>."""
-    from .dream import DreamModel, DreamRMSNorm
+    from .dream.model import DreamModel, DreamRMSNorm
 
     with torch.device("meta"):
         model = DreamModel(tiny_dream_config(**overrides))

@@ -1,4 +1,4 @@
-"""Autoregressive sampling on the compact rollout model (models/qwen_rollout.py): static KV cache, chunked prefill, and
+"""Autoregressive sampling on the compact rollout model (models/qwen/rollout.py): static KV cache, chunked prefill, and
 a decode step that touches only preallocated device tensors, so on CUDA it is captured once as a CUDA graph and
 replayed per token (gpt-fast's structure, with explicit `torch.cuda.CUDAGraph` capture instead of torch.compile;
 the capture is samplers/cuda_graphs.py's, shared with the diffusion sampler).

@@ -1,6 +1,6 @@
 """Batched autoregressive sampling with a KV cache that records the exact log-prob of every sampled token.
 
-Two engines behind `ar_sample`: the compact rollout model (models/qwen_rollout.py) runs on the static-cache,
+Two engines behind `ar_sample`: the compact rollout model (models/qwen/rollout.py) runs on the static-cache,
 graph-capturable sampler of `samplers/ar_static.py`; any other causal LM runs the loop below.
 One prefill forward over the left-padded prompts, then one single-token forward per new token with a transformers
 `DynamicCache`. Position ids count real tokens only (left padding shifts nothing), and padded key positions are
@@ -48,7 +48,7 @@ def ar_sample(
 ) -> Rollout:
     """Generate up to `config.max_new_tokens` tokens after each left-padded prompt, recording exact log-probs.
 
-    model: a `dllm_ais.models.qwen_rollout.QwenRollout` (BF16 or FP8 fused copy) goes to the static-cache sampler
+    model: a `dllm_ais.models.qwen.rollout.QwenRollout` (BF16 or FP8 fused copy) goes to the static-cache sampler
     (`samplers/ar_static.py`: same contract, same tokens and log-probs for the same logits and generator); anything
     else is a transformers causal LM (or its quantize_model FP8 copy) callable as model(input_ids, attention_mask,
     position_ids, past_key_values, use_cache, logits_to_keep) -> .logits. prompt_ids/prompt_mask [B, P].
@@ -60,7 +60,7 @@ def ar_sample(
     Returns a Rollout with completion_ids/completion_mask/commit_step/logp_rollout [B, L = max_new_tokens] and
     num_steps = forward passes made (= tokens decoded per row, prefill included).
     """
-    from dllm_ais.models.qwen_rollout import QwenRollout
+    from dllm_ais.models.qwen.rollout import QwenRollout
 
     if isinstance(model, QwenRollout):
         from .ar_static import static_ar_sample

@@ -80,16 +80,17 @@ def completion_mask_from_stops(completion: torch.Tensor, stop_token_ids: Sequenc
 
 
 def threshold_commit(confidence: torch.Tensor, masked: torch.Tensor, threshold: float,
-                     max_commit: int | None = None) -> torch.Tensor:
-    """Fast-dLLM's threshold rule: per row, every masked position with confidence >= threshold, and always the most
-    confident masked one (none if the row has no mask left). confidence [B, L] (−inf off `masked`), masked [B, L].
-    max_commit N: of the positions at or above the threshold only the N most confident (lower position first on a
-    tie, as `commit_mask`)."""
+                     max_commit: int | torch.Tensor | None = None) -> torch.Tensor:
+    """Fast-dLLM's threshold rule: per row, every masked position with confidence >= threshold (equality commits:
+    Fast-dLLM drops a token only when its confidence < threshold), and always the most confident masked one (none if
+    the row has no mask left). confidence [B, L] (−inf off `masked`), masked [B, L]. max_commit N (an int, or [B]
+    per row): of the positions at or above the threshold only the N most confident (lower position first on a tie,
+    as `commit_mask`)."""
     top = torch.zeros_like(masked)
     top.scatter_(1, confidence.argmax(-1, keepdim=True), True)  # first maximum, like a stable sort
     above = masked & (confidence >= threshold)  # [B, L]
     if max_commit is not None:
-        k = torch.full(above.shape[:1], max_commit, dtype=torch.long, device=above.device)
+        k = torch.as_tensor(max_commit, dtype=torch.long, device=above.device).expand(above.shape[0])
         above &= commit_mask(torch.where(above, confidence, -torch.inf), k)
     return masked & (above | top)
 

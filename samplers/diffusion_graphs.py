@@ -8,7 +8,7 @@ serves every block), and over one KV cache that the runner owns (models/kv_cache
 place at the window's slots). A replay copies the new inputs into the buffers; the logits it returns are the graph's
 static output, which diffusion_sample copies out at once. The step captured is the eager model call or, with
 SamplerConfig.compile, the compiled step (inductor without its own CUDA graphs), so BF16 masters, per-Linear FP8/FP4
-copies and the fused FP8 copy (fp8/fused_llada.py) all go through the same runner.
+copies and the fused FP8 copy (models/llada/fused_fp8.py) all go through the same runner.
 
 A runner is kept per model (weakly) and reused by later calls with the same batch, canvas length, cache mode and
 compile setting while no parameter or buffer of the model has moved (in-place optimizer steps and FP8 syncs keep

@@ -5,7 +5,7 @@
 
 The master is a transformers Qwen3ForCausalLM with random weights (no download), built on the meta device and drawn
 from an explicit generator on the target device; it stays resident during every measurement. Engines (--engines):
-  static  the compact rollout copy (models/qwen_rollout.py: fused wqkv/gate-up, static KV cache) sampled by
+  static  the compact rollout copy (models/qwen/rollout.py: fused wqkv/gate-up, static KV cache) sampled by
           samplers/ar_static.py, BF16 (`rollout_copy(master)`) and FP8 (`rollout_copy(master, fp8_backend=b)` for each
           --backends entry), each in mode "eager" and, on CUDA, "graph" (the decode step replayed as a CUDA graph).
   hf      the transformers model with a DynamicCache (the pre-issue-14 path; `quantize_model` for FP8), mode "eager".
@@ -44,7 +44,7 @@ import torch
 
 from dllm_ais.analysis import bench_env
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.models.qwen import random_qwen
+from dllm_ais.models.qwen.model import random_qwen
 from dllm_ais.samplers.ar_common import ARSamplerConfig
 from dllm_ais.samplers.autoregressive import ar_sample
 
@@ -169,7 +169,7 @@ def measure(sample, model, batch: int, args, shape: dict, bandwidth: float, devi
 def _models(master, engines, backends, device):
     """Yield (engine, precision, backend, model or None, info) one at a time (each freed before the next is built)."""
     from dllm_ais.fp8 import quantize_model
-    from dllm_ais.models.qwen_rollout import rollout_copy
+    from dllm_ais.models.qwen.rollout import rollout_copy
 
     builders = {"static": lambda b: rollout_copy(master, fp8_backend=b),
                 "hf": lambda b: master if b is None else quantize_model(master, backend=b)}

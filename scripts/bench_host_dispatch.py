@@ -8,7 +8,7 @@ launch adds its launcher's cost, ≈ the same per launch for every path). At LLa
 32 heads × 128), the dual-cache window step [32 × 32 rows over a 320-slot cache] and a full [32, 320] forward:
 
   bf16_master     models/llada.LLaDABlock (7 nn.Linear, unfused elementwise ops): the BF16 master eager
-  bf16_fused      the fused BF16 rollout copy's block (fp8/fused_llada._block_plain)
+  bf16_fused      the fused BF16 rollout copy's block (models/llada/fused_fp8.py _block_plain)
   fp8_registered  the fused FP8 copy (cublas backend, Triton producers) through the torch.library ops (the old path)
   fp8_direct      the same, eager: kernels and torch._scaled_mm called directly (fp8/eager.py)
 
@@ -38,8 +38,8 @@ import torch  # noqa: E402
 import triton.runtime.jit  # noqa: E402
 
 from dllm_ais.fp8 import backends, eager  # noqa: E402
-from dllm_ais.fp8 import fused_llada as fl  # noqa: E402
-from dllm_ais.models.llada import LLaDABlock, LLaDAConfig, rope_cos_sin  # noqa: E402
+from dllm_ais.models.llada import fused_fp8 as fl  # noqa: E402
+from dllm_ais.models.llada.model import LLaDABlock, LLaDAConfig, rope_cos_sin  # noqa: E402
 
 
 def stub_triton_launches() -> None:

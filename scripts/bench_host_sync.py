@@ -17,8 +17,8 @@ import time
 import torch
 
 from dllm_ais.fp8 import fused_sync, linear
-from dllm_ais.fp8.fused_llada import FusedLLaDA, sync_fused_llada, sync_per_tensor
-from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM
+from dllm_ais.models.llada.fused_fp8 import FusedLLaDA, sync_fused_llada, sync_per_tensor
+from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM
 
 
 def fair_floor_bytes(config: LLaDAConfig) -> dict:

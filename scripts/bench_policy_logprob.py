@@ -58,8 +58,8 @@ class Counter:
 
 def count_run(preset, work: Path, steps: int) -> dict:
     """Train `preset` (SFT + `steps` RL steps) with every forward counted; per-phase counts per RL step."""
-    from dllm_ais.fp8.fused_llada import FusedLLaDA
-    from dllm_ais.models.llada import LLaDAModelLM
+    from dllm_ais.models.llada.fused_fp8 import FusedLLaDA
+    from dllm_ais.models.llada.model import LLaDAModelLM
     from dllm_ais.train import trainer as trainer_module
     from dllm_ais.train.backend import DiffusionBackend
     from dllm_ais.train.job import run_training
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import tempfile
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     torch.set_num_threads(1)
     p = get_preset("tiny-cpu")

@@ -104,7 +104,7 @@ def build_master(size: str, device: torch.device, lora_r: int):
     """(peft LoRA master, tokenizer): LLaDA-8B shape with the tiny tokenizer's ids (full), or the tiny model (smoke)."""
     from peft import LoraConfig, get_peft_model
 
-    from dllm_ais.models.llada import LLaDAConfig, lora_target_regex
+    from dllm_ais.models.llada.model import LLaDAConfig, lora_target_regex
     from dllm_ais.models.tiny import tiny_config, tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
@@ -152,7 +152,7 @@ def make_preset(args, device: torch.device, precision: str, backend: str | None)
 
 def measure(master, tokenizer, args, device: torch.device, precision: str, backend: str | None, rows, run_dir):
     """Run warm-up + timed train_steps with a fresh Trainer; the medians of each stage over the timed steps."""
-    from dllm_ais.train.job import _llada_backend
+    from dllm_ais.models.llada.backend import build_backend as _llada_backend
     from dllm_ais.train.run_dir import RunDir
     from dllm_ais.train.trainer import Policy, Trainer
 

@@ -14,7 +14,7 @@ Rows, one per (variant, batch, gen_length), all from one run:
   bf16 master  eager      BF16-eager: the master LLaDAModelLM itself (what the trainer's bf16 rollouts sample from)
   bf16 master  compiled   the master through the sampler's compiled step (SamplerConfig.compile: torch.compile
                           mode="reduce-overhead", CUDA graphs)
-  bf16 fused   eager / compiled   the fused BF16 rollout copy (fp8/fused_llada.py, backend None)
+  bf16 fused   eager / compiled   the fused BF16 rollout copy (models/llada/fused_fp8.py, backend None)
   fp8 <backend> eager / compiled  the fused FP8 rollout copy, quantize_model(master, backend), per --backends
 BF16-best = the fastest BF16 row of a shape (master compiled, fused eager or compiled, or the eager master itself).
 Per row: total_s (wall time of one diffusion_sample call, cuda-synchronised, median of --repeats, after a warm-up call
@@ -54,7 +54,7 @@ from dllm_ais.analysis import bench_env
 from dllm_ais.atomic import atomic_write_text
 from dllm_ais.config import SamplerConfig
 from dllm_ais.fp8 import BACKENDS
-from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, RMSNorm
+from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM, RMSNorm
 from dllm_ais.samplers.diffusion import diffusion_sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,7 +137,7 @@ class Variant(NamedTuple):
     backend: str | None
     """FP8 backend (None for BF16)."""
     model: str
-    """master (the LLaDAModelLM itself) or fused (the rollout copy, fp8/fused_llada.py)."""
+    """master (the LLaDAModelLM itself) or fused (the rollout copy, models/llada/fused_fp8.py)."""
     compiled: bool
     """SamplerConfig.compile (CUDA only)."""
 
@@ -145,7 +145,7 @@ class Variant(NamedTuple):
         if self.model == "master":
             return master
         if self.precision == "bf16":
-            from dllm_ais.fp8.fused_llada import build_fused_llada
+            from dllm_ais.models.llada.fused_fp8 import build_fused_llada
 
             return build_fused_llada(master, None)
         from dllm_ais.fp8 import quantize_model

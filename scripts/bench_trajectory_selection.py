@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.config import get_preset
 from dllm_ais.likelihood.selection import LOG_ZERO
 from dllm_ais.likelihood.trajectory import policy_token_logp, replay_plan, rollout_token_logp
 from dllm_ais.models.load import encode_prompts
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.correction import ess_fraction, safe_log_weights
 from dllm_ais.samplers.diffusion import diffusion_sample
 
@@ -44,7 +44,7 @@ def _sft_model(preset, work: Path):
 
     trainer = run_training(replace(preset, train=replace(preset.train, steps=1, rollout_precision="bf16")), work,
                            progress=False)
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family as family
 
     model = family("llada").load_dir(work / "sft", dtype=torch.float32, device="cpu").eval()
     return model, trainer.policy.tokenizer, trainer.policy.use_chat_template
@@ -54,7 +54,7 @@ def _trained_model(run: Path):
     """The latest checkpoint of a training run directory (model, tokenizer, chat template on)."""
     from transformers import AutoTokenizer
 
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family as family
     from dllm_ais.train.run_dir import RunDir
 
     ckpt = RunDir(run).latest() / "model"

@@ -10,7 +10,8 @@ rebuilt after each:
   window    scripts/gpu_quick_window.py: the dual-cache window step [32 × 32] over a cached 320-token canvas, BF16 vs
             FP8, eager and replayed from a CUDA graph; one dual-cache block (1 refresh + 15 window steps) FP8 graphed
             vs the BF16 master's 16 uncached forwards; the weight sync vs its floors; profiles of the window step
-            (profile_window.txt) and the sync (profile_sync.txt); the compiled window step, BF16 and FP8.
+            (profile_window.txt) and the sync (profile_sync.txt); the compiled window step, BF16 and FP8; last,
+            Dream-7B's dual-cache window step, BF16 vs the fused FP8 Dream copy (scripts/gpu_quick_dream.py).
   rl_step   scripts/gpu_quick_rl.py: two whole GRPO steps at llada-8b-gsm8k's shapes (random weights, LoRA r 128,
             G 6, gen 256 in 8 blocks, dual cache + threshold 0.9, FP8 graphed rollouts, AIS, a checkpoint written and
             verified), seconds per phase and peak memory next to `dllm-ais plan`'s prediction.
@@ -23,6 +24,8 @@ rebuilt after each:
                 blockwise mode accepts (cublas_accepts probes);
             (c) resident memory and forward peak of each copy, and the peak of one RL micro-batch (LoRA r=128 master,
                 forward + backward over the completion + an AdamW step, with and without gradient checkpointing).
+            (d) last, at Dream-7B's shapes (GQA 28/4 heads, q/k/v biases; scripts/gpu_quick_dream.py): one uncached
+                Dream sampler step, BF16 master vs the fused FP8 Dream copy.
   compiled  the sampler's compiled step (torch.compile mode="reduce-overhead", CUDA graphs) at the same shape: BF16
             master, FP8 default backend, BF16 fused copy.
   tests     the kernel tests on CUDA (CUDA graphs, grouped sync, direct dispatch, kernels vs their torch twins,
@@ -155,7 +158,7 @@ class Setup:
     def __init__(self, args) -> None:
         import torch
 
-        from dllm_ais.models.llada import LLaDAConfig
+        from dllm_ais.models.llada.model import LLaDAConfig
 
         self.device = torch.device(args.device)
         self.size = "tiny" if args.tiny else "full"
@@ -285,7 +288,7 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
     import torch
 
     from dllm_ais.analysis import bench_env
-    from dllm_ais.fp8.fused_llada import build_fused_llada
+    from dllm_ais.models.llada.fused_fp8 import build_fused_llada
 
     s = Setup(args)
     dev = s.device
@@ -370,7 +373,7 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
     def rl_section() -> None:
         from peft import LoraConfig, get_peft_model
 
-        from dllm_ais.models.llada import lora_target_regex
+        from dllm_ais.models.llada.model import lora_target_regex
 
         model = get_peft_model(s.master, LoraConfig(r=s.w["lora_r"], lora_alpha=64.0, lora_dropout=0.0,
                                                     target_modules=lora_target_regex()))  # fmt: skip
@@ -401,11 +404,15 @@ def part_eager(args, rows: Rows, deadline: float) -> None:
         model.unload()  # the master without LoRA again, for the sections after this one
         s.master.eval()
 
-    def other_backends_section() -> None:  # last: the Triton GEMM autotunes on its first call
+    def other_backends_section() -> None:  # the Triton GEMM autotunes on its first call
         measure_fp8([b for b in ("scaled_mm", "triton", "cublas") if b != default])
 
+    def dream_section() -> None:  # last: Dream-7B's shapes (scripts/gpu_quick_dream.py)
+        _script("gpu_quick_dream").dream_forward_section(sys.modules[__name__], args, rows, default)
+
     for name, fn in (("forward", forward_section), ("profile", profile_section), ("gemm", gemm_section),
-                     ("rl", rl_section), ("other_backends", other_backends_section)):  # fmt: skip
+                     ("rl", rl_section), ("other_backends", other_backends_section),
+                     ("dream_forward", dream_section)):  # fmt: skip
         _section(rows, name, deadline, fn)
 
 
@@ -414,7 +421,7 @@ def part_compiled(args, rows: Rows, deadline: float) -> None:
     import torch
 
     from dllm_ais.analysis import bench_env
-    from dllm_ais.fp8.fused_llada import build_fused_llada
+    from dllm_ais.models.llada.fused_fp8 import build_fused_llada
     from dllm_ais.samplers import diffusion
 
     if args.device == "cpu":  # dynamo traces the same step; no inductor (seconds instead of minutes)

@@ -40,7 +40,8 @@ PHASES = ("rollout", "likelihood", "update", "sync")
 def rl_preset(tiny: bool, device: str, prompts: int, graphs: bool):
     """llada-8b-gsm8k with the quick check's changes (dual cache, threshold 0.9, random-string task, 2 steps, a
     checkpoint after each); --tiny shrinks the shapes to the tiny model's."""
-    from dllm_ais.config import SamplerConfig, get_preset
+    from dllm_ais.config import SamplerConfig
+    from dllm_ais.presets import get_preset
 
     base = get_preset("llada-8b-gsm8k")
     # eager graphed steps, not compiled ones: compiling the 32-layer window step took ≈ 90 s on the H200 (2026-11-27),
@@ -99,7 +100,7 @@ def part_rl_step(q, args, rows, deadline: float) -> None:
 
     from dllm_ais import metrics as M
     from dllm_ais.analysis import bench_env
-    from dllm_ais.train.job import _llada_backend
+    from dllm_ais.models.llada.backend import build_backend as _llada_backend
     from dllm_ais.train.run_dir import RunDir
     from dllm_ais.train.trainer import Policy, Trainer
 

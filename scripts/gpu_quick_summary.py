@@ -24,6 +24,9 @@ QUICK_KEYS = (
     "model_gib_fp8_copy", "peak_gib_bf16_forward", "peak_gib_fp8_forward", "fp8_peak_mem_ratio",
     "peak_gib_rl_microbatch", "peak_gib_rl_microbatch_checkpointed", "gemm_triton_vs_cublas_min",
     "gemm_cublas_vs_bf16_min", "cublas_rejected_m",
+    # Dream-7B's shapes (scripts/gpu_quick_dream.py): the uncached step and the dual-cache window step
+    "forward_ms_dream_bf16_eager", "forward_ms_dream_fp8_eager", "dream_fp8_vs_bf16_eager", "window_ms_dream_bf16",
+    "window_ms_dream_fp8", "dream_window_fp8_vs_bf16",
     # the kernel tests, then what the run was
     "gpu_tests_passed", "gpu_tests_failed", "predicted", "parts", "device", "torch", "triton", "git_sha",
 )  # fmt: skip
@@ -117,6 +120,16 @@ def gpu_kind(device_name: str) -> str | None:
     return None
 
 
+def dream_values(rows: list[dict]) -> dict:
+    """The Dream-7B rows and their FP8-vs-BF16 ratios (BF16 ms / FP8 ms)."""
+    names = ("forward_ms_dream_bf16_eager", "forward_ms_dream_fp8_eager", "window_ms_dream_bf16", "window_ms_dream_fp8")
+    v = {name: _last(rows, name) for name in names}
+    return {**{k: v[k] for k in names[:2]},
+            "dream_fp8_vs_bf16_eager": _ratio(v["forward_ms_dream_bf16_eager"], v["forward_ms_dream_fp8_eager"]),
+            **{k: v[k] for k in names[2:]},
+            "dream_window_fp8_vs_bf16": _ratio(v["window_ms_dream_bf16"], v["window_ms_dream_fp8"])}
+
+
 def summarize(out: Path, env: dict, parts: dict[str, str]) -> dict:
     """summary.json's dict (QUICK_KEYS exactly) from <out>/quick.jsonl."""
     rows = read_rows(out)
@@ -192,6 +205,7 @@ def summarize(out: Path, env: dict, parts: dict[str, str]) -> dict:
         "gemm_triton_vs_cublas_min": min(tri_vs_cublas) if tri_vs_cublas else None,
         "gemm_cublas_vs_bf16_min": min(cublas_vs_bf16) if cublas_vs_bf16 else None,
         "cublas_rejected_m": _last(rows, "cublas_rejected_m"),
+        **dream_values(rows),
         "gpu_tests_passed": _last(rows, "gpu_tests_passed"),
         "gpu_tests_failed": _last(rows, "gpu_tests_failed"),
         "predicted": predictions(gpu_kind(env["device"])),

@@ -12,7 +12,8 @@ Sections, in order (each under the part's deadline; a failed one is recorded and
             floor (embedding, norms and LM head copied too: the plan's sync_bytes);
   profile   torch.profiler of one BF16 and one FP8 window step (profile_window.txt) and one sync (profile_sync.txt);
   compiled  the compiled window step (torch.compile reduce-overhead on CUDA; dynamo's eager backend on CPU), BF16 and
-            FP8, until the deadline.
+            FP8, until the deadline;
+  dream_window  Dream-7B's dual-cache window step, BF16 vs the fused FP8 Dream copy, eager (scripts/gpu_quick_dream.py).
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ def part_window(q, args, rows, deadline: float) -> None:
             model = step = None
             q._free(dev)
 
+    def dream_section() -> None:
+        q._script("gpu_quick_dream").dream_window_section(q, args, rows, default)
+
     for name, fn in (("window", window_section), ("graphed", graphed_section), ("block", block_section),
-                     ("sync", sync_section), ("profile", profile_section), ("compiled", compiled_section)):
+                     ("sync", sync_section), ("profile", profile_section), ("compiled", compiled_section),
+                     ("dream_window", dream_section)):
         q._section(rows, name, deadline, fn)

@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.config import SamplerConfig, get_preset
+from dllm_ais.config import SamplerConfig
 from dllm_ais.likelihood.ratio import coupled_log_ratio
 from dllm_ais.likelihood.trajectory import replay_logprobs, replay_plan, trajectory_log_ratio
 from dllm_ais.models.load import encode_prompts
 from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.correction import ess_fraction, safe_log_weights
 from dllm_ais.samplers.diffusion import diffusion_sample
 from dllm_ais.tasks.digits import DigitsConfig, sft_pairs

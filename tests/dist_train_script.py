@@ -44,14 +44,15 @@ def hash_reward(prompts: list[str], completions: list[str], **columns) -> list[f
     return [(zlib.crc32(t.encode()) % 1000) / 999 for t in texts]
 
 
-def small_preset(steps: int, sft_steps: int, prompts_per_step: int = 2):
-    """tiny-cpu shrunk to seconds: 2 prompts x 2 generations per process, 5-token completions, 2 mask draws, 2
-    micro-batches per update, λ smoothed by an EMA (its state must survive a resume), dapo (normalised by the global
-    token count). p_mask_prompt = 0: the one-step log-probs of a row then do not depend on the other rows of its
-    process's batch (the prompt-mask draw covers the whole local batch), so one process can reproduce them."""
-    from dllm_ais.config import get_preset
+def small_preset(steps: int, sft_steps: int, prompts_per_step: int = 2, base: str = "tiny-cpu"):
+    """tiny-cpu (or `base`, e.g. tiny-dream) shrunk to seconds: 2 prompts x 2 generations per process, 5-token
+    completions, 2 mask draws, 2 micro-batches per update, λ smoothed by an EMA (its state must survive a resume),
+    dapo (normalised by the global token count). p_mask_prompt = 0: the one-step log-probs of a row then do not depend
+    on the other rows of its process's batch (the prompt-mask draw covers the whole local batch), so one process can
+    reproduce them."""
+    from dllm_ais.presets import get_preset
 
-    p = get_preset("tiny-cpu")
+    p = get_preset(base)
     return replace(
         p,
         train=replace(p.train, steps=steps, prompts_per_step=prompts_per_step, sft_steps=sft_steps, sft_batch_size=8,
@@ -71,21 +72,23 @@ def record_steps(records: list[dict], events: list[str], replay: list[dict] | No
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     import dllm_ais.train.step_mismatch as step_mismatch
+    from dllm_ais.models.dream.backend import DreamBackend
     from dllm_ais.train.backend import DiffusionBackend
     from dllm_ais.train.trainer import Trainer
     from dllm_ais.types import Rollout
 
-    sample, mismatch, correct_global = DiffusionBackend.sample, DiffusionBackend.mismatch_log_w, \
-        step_mismatch.correct_global
+    mismatch, correct_global = DiffusionBackend.mismatch_log_w, step_mismatch.correct_global
 
-    def sample_recording(self, *args, **kwargs):
-        if replay is not None:
-            r = replay[len(records)]
-            rollout = Rollout(**{f: r[f] for f in ROLLOUT_FIELDS}, num_steps=r["num_steps"])
-        else:
-            rollout = sample(self, *args, **kwargs)
-        records.append({f: getattr(rollout, f).clone() for f in ROLLOUT_FIELDS} | {"num_steps": rollout.num_steps})
-        return rollout
+    def sample_recording(sample):
+        def wrapped(self, *args, **kwargs):
+            if replay is not None:
+                r = replay[len(records)]
+                rollout = Rollout(**{f: r[f] for f in ROLLOUT_FIELDS}, num_steps=r["num_steps"])
+            else:
+                rollout = sample(self, *args, **kwargs)
+            records.append({f: getattr(rollout, f).clone() for f in ROLLOUT_FIELDS} | {"num_steps": rollout.num_steps})
+            return rollout
+        return wrapped
 
     def mismatch_recording(self, *args, **kwargs):
         log_w = replay[len(records) - 1]["log_w"] if replay is not None else mismatch(self, *args, **kwargs)
@@ -97,7 +100,9 @@ def record_steps(records: list[dict], events: list[str], replay: list[dict] | No
         records[-1].update(lam=out.lam.clone(), omega=out.omega.clone())
         return out
 
-    DiffusionBackend.sample, DiffusionBackend.mismatch_log_w = sample_recording, mismatch_recording
+    for cls in (DiffusionBackend, DreamBackend):  # each class's own sampler (Dream's overrides LLaDA's)
+        cls.sample = sample_recording(cls.sample)
+    DiffusionBackend.mismatch_log_w = mismatch_recording
     step_mismatch.correct_global = correct_recording
 
     backward = accelerate.Accelerator.backward

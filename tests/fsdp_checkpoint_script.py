@@ -27,7 +27,7 @@ def main() -> None:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from dllm_ais.models.llada import LLaDABlock
+    from dllm_ais.models.llada.model import LLaDABlock
     from dllm_ais.models.tiny import tiny_model
     from dllm_ais.train.fsdp_checkpoint import (
         full_on_main,

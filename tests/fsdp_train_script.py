@@ -1,10 +1,11 @@
 """Helper for tests/test_fsdp_trainer.py: `dllm-ais train` under accelerate's FSDP2 on gloo CPU processes.
 
 Run as `accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 ... tests/fsdp_train_script.py [--replay DIR]
-[--prompts-per-step N] TRAIN_FLAGS...` (TRAIN_FLAGS are `dllm-ais train`'s, --out included). Every process runs
-`dllm_ais.cli.main(["train", "--preset", PRESET, ...])`; PRESET is tests/dist_train_script.py's `small_preset`
-(tiny-cpu with FP8 rollouts, 2 prompts × 2 generations per process, dapo over 2 micro-batches, λ EMA, a hash reward so
-the advantages are not zero), registered under a name so the CLI can select it.
+[--prompts-per-step N] [--base tiny-dream] TRAIN_FLAGS...` (TRAIN_FLAGS are `dllm-ais train`'s, --out included). Every
+process runs `dllm_ais.cli.main(["train", "--preset", PRESET, ...])`; PRESET is tests/dist_train_script.py's
+`small_preset` (tiny-cpu, or --base tiny-dream, with FP8 rollouts, 2 prompts × 2 generations per process, dapo
+over 2 micro-batches, λ EMA, a hash reward so the advantages are not zero), registered under a name so the CLI can
+select it.
 
 accelerate makes CPU processes MULTI_CPU (plain DDP) even when launched with an FSDP plugin: its state only turns
 FSDP on for accelerator device types. `cpu_fsdp2()` switches that one decision, after accelerate has built the
@@ -66,6 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replay", type=Path, help="one process replaying the global batches of the run in this dir")
     ap.add_argument("--prompts-per-step", type=int, default=2)
+    ap.add_argument("--base", default="tiny-cpu", help="the preset shrunk (tiny-cpu, or tiny-dream)")
     args, train_flags = ap.parse_known_args()
     out = Path(train_flags[train_flags.index("--out") + 1])
 
@@ -73,7 +75,7 @@ def main() -> None:
     from torch.distributed.tensor import DTensor
 
     from dllm_ais import cli
-    from dllm_ais.config import PRESETS
+    from dllm_ais.presets import PRESETS
     from dllm_ais.train.trainer import Trainer
 
     cpu_fsdp2()
@@ -82,7 +84,7 @@ def main() -> None:
         ranks = [torch.load(f, weights_only=True) for f in sorted(args.replay.glob("params-rank*.pt"))]
         replay, per_step = concat_records([r["records"] for r in ranks]), per_step * len(ranks)
         replay_init = ranks[0]["init"]
-    PRESETS[PRESET] = small_preset(steps=4, sft_steps=0, prompts_per_step=per_step)
+    PRESETS[PRESET] = small_preset(steps=4, sft_steps=0, prompts_per_step=per_step, base=args.base)
     records: list[dict] = []
     events: list[str] = []
     record_steps(records, events, replay)

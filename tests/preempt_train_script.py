@@ -24,7 +24,7 @@ def main() -> int:
     from dist_train_script import small_preset
 
     from dllm_ais import cli
-    from dllm_ais.config import PRESETS
+    from dllm_ais.presets import PRESETS
 
     rank = os.environ.get("RANK", "0")
     if os.environ.get("PREEMPT_PID_DIR"):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dllm_ais.fp8 import quantize_model
-from dllm_ais.models.qwen import tiny_qwen, tiny_qwen_tokenizer
-from dllm_ais.models.qwen_rollout import rollout_copy
+from dllm_ais.models.qwen.model import tiny_qwen, tiny_qwen_tokenizer
+from dllm_ais.models.qwen.rollout import rollout_copy
 from dllm_ais.samplers.ar_common import ARSamplerConfig, sample_tokens, sampling_logprobs
 from dllm_ais.samplers.autoregressive import ar_sample
 

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from dllm_ais import metrics as M
-from dllm_ais.config import SamplerConfig, get_preset
+from dllm_ais.config import SamplerConfig
+from dllm_ais.presets import get_preset
 from dllm_ais.train.backend import AutoregressiveBackend, DiffusionBackend
 from dllm_ais.train.job import run_training
 from dllm_ais.train.run_dir import RunDir
@@ -63,7 +64,7 @@ def test_bf16_rollouts_give_unit_weights(tmp_path, reward_fn, preset):
 
 
 def test_backend_choice_follows_the_family():
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family as family
 
     p = get_preset("tiny-cpu")
     llada = family("llada").backend(p.sampler, *family("llada").load(p.model))
@@ -71,7 +72,7 @@ def test_backend_choice_follows_the_family():
     qwen = family("qwen").backend(q.sampler, *family("qwen").load(q.model))
     assert isinstance(llada, DiffusionBackend) and not llada.is_causal
     assert isinstance(qwen, AutoregressiveBackend) and qwen.is_causal
-    from dllm_ais.train.dream_backend import DreamBackend
+    from dllm_ais.models.dream.backend import DreamBackend
 
     d = get_preset("tiny-dream")
     dream = family("dream").backend(d.sampler, *family("dream").load(d.model))
@@ -81,7 +82,7 @@ def test_backend_choice_follows_the_family():
 def test_ar_mismatch_is_exact_token_log_ratio():
     """ℓ_t = log π_old(y_t) − recorded log μ(y_t), summed over counted tokens at sequence level."""
     from dllm_ais.fp8 import quantize_model
-    from dllm_ais.models.qwen import tiny_qwen, tiny_qwen_tokenizer
+    from dllm_ais.models.qwen.model import tiny_qwen, tiny_qwen_tokenizer
 
     model = tiny_qwen(seed=3)
     fp8 = quantize_model(model, backend="torch")

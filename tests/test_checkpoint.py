@@ -6,12 +6,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dllm_ais.models.checkpoint import CheckpointError, load_llada, save_llada
+from dllm_ais.models.checkpoint import CheckpointError, save_checkpoint
+from dllm_ais.models.llada.checkpoint import load_llada
 from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
 
 
 def _write_official_sharded(model, path):
-    """Write `model` by hand in the official layout, split over two shards with an index (not via save_llada)."""
+    """Write `model` by hand in the official layout, split over two shards with an index (not via save_checkpoint)."""
     path.mkdir()
     cfg = model.config.to_dict()
     cfg["auto_map"] = {"AutoModel": "modeling_llada.LLaDAModelLM"}  # as in the official config.json
@@ -40,7 +41,7 @@ def test_sharded_official_checkpoint_reproduces_logits(tmp_path):
 def test_save_load_round_trip_is_exact(tmp_path):
     model = tiny_model(seed=5, dtype=torch.bfloat16)
     src = _write_official_sharded(model, tmp_path / "src")
-    out = save_llada(load_llada(src), tmp_path / "out", tokenizer=tiny_tokenizer(), source_dir=src,
+    out = save_checkpoint(load_llada(src), tmp_path / "out", tokenizer=tiny_tokenizer(), source_dir=src,
                      max_shard_bytes=200_000)
     assert (out / "model.safetensors.index.json").is_file(), "small max_shard_bytes must shard"
     assert json.loads((out / "config.json").read_text())["auto_map"], "official fields survive a save"
@@ -49,7 +50,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
     for (n, a), (m, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert n == m and a.dtype == b.dtype and torch.equal(a, b), n
     # Saving over an existing directory replaces it whole.
-    save_llada(again, out)
+    save_checkpoint(again, out)
     assert not (out / "model.safetensors.index.json").exists() and (out / "model.safetensors").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temporary directory left behind"
 
@@ -57,7 +58,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
 def _corrupt(tmp_path, edit_config=None, edit_state=None):
     model = tiny_model()
     path = tmp_path / "bad"
-    save_llada(model, path)
+    save_checkpoint(model, path)
     if edit_config:
         cfg = json.loads((path / "config.json").read_text())
         edit_config(cfg)
@@ -113,7 +114,7 @@ def test_unexpected_tensor_is_named(tmp_path):
 def test_tokenizer_opens_with_autotokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    save_llada(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
+    save_checkpoint(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "ckpt"))
     assert tok.mask_token_id == 4 and tok.decode(tok("12+7=")["input_ids"]) == "12+7="
 

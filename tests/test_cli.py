@@ -16,7 +16,7 @@ def test_sample_prints_one_block_per_prompt(capsys):
 def test_sample_without_prompts_uses_the_presets_task(capsys):
     """The tiny model is trained on its preset's task, so `sample` with no --prompt shows that task's test prompts."""
     from dllm_ais.analysis.evaluate import _load_rows
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
     from dllm_ais.tasks.registry import get_task
 
     train = get_preset("tiny-cpu").train

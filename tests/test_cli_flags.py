@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dllm_ais.cli import build_parser, default_run_dir, main
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 from dllm_ais.train.flags import default_threads, resume_changes, usable_cores
 
 REPO = Path(__file__).resolve().parents[1]
@@ -295,11 +295,12 @@ def test_evals_directory_is_ignored_by_git():
 
 
 def test_loading_a_llada_tokenizer_does_not_warn_about_the_model_type(tmp_path):
-    from dllm_ais.models.checkpoint import load_llada, save_llada
+    from dllm_ais.models.checkpoint import save_checkpoint
+    from dllm_ais.models.llada.checkpoint import load_llada
     from dllm_ais.models.load import load_tokenizer
     from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
 
-    path = save_llada(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
+    path = save_checkpoint(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
     records = []
     handler = logging.Handler()
     handler.emit = records.append

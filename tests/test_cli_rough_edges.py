@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dllm_ais.cli import build_parser, main, name_flags
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 
 
 def _run_cli_light(args):
@@ -78,12 +78,12 @@ def test_error_messages_name_flags():
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_checkpoints_follow_the_umask(tmp_path, umask):
-    from dllm_ais.models.checkpoint import save_llada
+    from dllm_ais.models.checkpoint import save_checkpoint
     from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
 
     old = os.umask(umask)
     try:
-        path = save_llada(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
+        path = save_checkpoint(tiny_model(), tmp_path / "ckpt", tokenizer=tiny_tokenizer())
     finally:
         os.umask(old)
     assert (path.stat().st_mode & 0o777) == 0o777 & ~umask

@@ -7,14 +7,15 @@ import json
 
 import pytest
 
-from dllm_ais.models.checkpoint import CheckpointError, load_llada, read_llada_config, save_llada
+from dllm_ais.models.checkpoint import CheckpointError, save_checkpoint
+from dllm_ais.models.llada.checkpoint import load_llada, read_llada_config
 from dllm_ais.models.tiny import tiny_model
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     d = tmp_path_factory.mktemp("ck") / "llada"
-    save_llada(tiny_model(), d)
+    save_checkpoint(tiny_model(), d)
     return d
 
 
@@ -66,7 +67,7 @@ def test_valid_config_still_loads(checkpoint):
 
 
 def test_truncated_qwen_config_names_the_file(tmp_path):
-    from dllm_ais.models.qwen import QwenCheckpointError, read_model_type
+    from dllm_ais.models.qwen.model import QwenCheckpointError, read_model_type
 
     (tmp_path / "config.json").write_text('{"model_type": "qwen3", "hidden_size"')
     with pytest.raises(QwenCheckpointError) as err:

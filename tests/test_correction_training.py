@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from dllm_ais import metrics as M
 from dllm_ais.cli import _train_preset, build_parser
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.config import parse_reject
 from dllm_ais.train.job import run_training
 from dllm_ais.train.run_dir import RunDir
@@ -134,9 +134,9 @@ def test_cli_flags_reach_the_configs():
 
 
 def test_diffusion_token_mismatch_is_the_one_step_estimator_difference():
+    from dllm_ais.families import get_family as family
     from dllm_ais.fp8 import quantize_model
     from dllm_ais.models.load import encode_prompts
-    from dllm_ais.train.job import family
 
     p = get_preset("tiny-cpu")
     fam = family(p.model.family)

@@ -16,8 +16,8 @@ import torch
 from test_sampler import EOS, MASK, PROMPTS, _encode
 
 from dllm_ais.config import SamplerConfig
-from dllm_ais.fp8.fused_llada import build_fused_llada
 from dllm_ais.models.kv_cache import KVCache
+from dllm_ais.models.llada.fused_fp8 import build_fused_llada
 from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers import cuda_graphs, diffusion, diffusion_graphs
 from dllm_ais.samplers.diffusion import diffusion_sample
@@ -215,7 +215,7 @@ def test_real_capture_equals_eager_on_cuda(kind):
 def test_train_flags_refuse_on_for_cpu_rollouts():
     from dataclasses import replace
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
     from dllm_ais.train.flags import check_combinations
 
     preset = get_preset("tiny-cpu")

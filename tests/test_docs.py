@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
+VENV = "python3 -m venv .venv && . .venv/bin/activate"
 INSTALL_RUN = "pip install torch==2.13.0 -e . && dllm-ais train"
 INSTALL_TEST = 'pip install torch==2.13.0 -e ".[dev]" && pytest -n 2'
 README_SECTIONS = ["Quickstart on a CPU", "Quickstart on GPUs: LLaDA-8B-Instruct", "What is here", "What was measured",
@@ -191,12 +192,50 @@ def test_the_flag_check_catches_what_it_should(tmp_path):
 
 def test_readme_opens_with_the_two_commands_ci_runs():
     code = [line for block in FENCE.finditer(_text(README)) for line in block.group(2).splitlines() if line.strip()]
-    assert code[:2] == [INSTALL_RUN, INSTALL_TEST]
+    assert code[:3] == [VENV, INSTALL_RUN, INSTALL_TEST]  # the venv first, where a newcomer copies from
     # .ci/run runs the first README line that matches this pattern: it must be the test command
     ci = _text(REPO / ".ci" / "run")
     pattern = re.search(r"grep -m1 -E '([^']+)' README\.md", ci).group(1)
     first = next(line for line in _text(README).splitlines() if re.search(pattern, line))
     assert first == INSTALL_TEST
+
+
+PLAN_FIGURE = re.compile(r"`(dllm-ais plan [^`]+)` predicts (?:a peak of )?(\d+(?:\.\d+)?) GiB")
+"""A memory figure quoted beside the plan command that prints it: "`dllm-ais plan ...` predicts 43.6 GiB"."""
+
+
+def test_every_plan_figure_is_what_its_command_prints(capsys):
+    """README and docs quote `dllm-ais plan` peaks: each is what the command shown beside it prints (the README once
+    quoted the one-GPU figure next to the 8-GPU command)."""
+    import shlex
+
+    from dllm_ais.cli import main
+
+    quoted = [(page.name, m.group(1), m.group(2)) for page in PAGES
+              for m in PLAN_FIGURE.finditer(" ".join(_prose(_text(page)).split()))]
+    assert len(quoted) >= 3 and any(page == "README.md" for page, _, _ in quoted)
+    printed = {}
+    for command in dict.fromkeys(c for _, c, _ in quoted):  # each command run once
+        assert main(shlex.split(command)[1:]) == 0
+        peak = re.search(r"\bpeak (\d+(?:\.\d+)?) GiB", capsys.readouterr().out)
+        printed[command] = peak and peak.group(1)
+    wrong = [f"{page}: `{c}` prints {printed[c]} GiB, not {figure}" for page, c, figure in quoted
+             if printed[c] != figure]
+    assert not wrong
+
+
+def test_the_plan_figure_pattern_finds_what_it_should():
+    text = "so `dllm-ais plan --gpus 8` predicts 43.6 GiB peak; `dllm-ais plan --gpu a100` predicts a peak of 42 GiB"
+    assert [m.groups() for m in PLAN_FIGURE.finditer(text)] == [("dllm-ais plan --gpus 8", "43.6"),
+                                                               ("dllm-ais plan --gpu a100", "42")]
+
+
+def test_every_preset_is_listed_in_the_commands_page():
+    """docs/commands.md's Presets section names every preset (Dream's were missing)."""
+    from dllm_ais.presets import PRESETS
+
+    section = _text(REPO / "docs" / "commands.md").split("## Presets", 1)[1].split("\n## ", 1)[0]
+    assert [name for name in PRESETS if f"`{name}`" not in section] == []
 
 
 def test_readme_is_short_and_in_the_agreed_order():

@@ -13,7 +13,7 @@ import torch
 from dllm_ais.likelihood.elbo import elbo
 from dllm_ais.likelihood.one_step import draw_prompt_mask, one_step_logprobs
 from dllm_ais.likelihood.ratio import coupled_log_ratio
-from dllm_ais.models.dream import shift_logits
+from dllm_ais.models.dream.model import shift_logits
 from dllm_ais.models.shift import ShiftedLogits, logits_view, source_positions
 from dllm_ais.models.tiny import tiny_dream_model, tiny_model
 

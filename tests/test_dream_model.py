@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from dllm_ais.config import ModelConfig
-from dllm_ais.models.checkpoint import CheckpointError, save_llada
-from dllm_ais.models.dream import DreamModel, dream_positions, shift_logits
-from dllm_ais.models.dream_checkpoint import load_dream
+from dllm_ais.models.checkpoint import CheckpointError, save_checkpoint
+from dllm_ais.models.dream.checkpoint import load_dream
+from dllm_ais.models.dream.model import DreamModel, dream_positions, shift_logits
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.models.load import detect_family, load_model_and_tokenizer
 from dllm_ais.models.tiny import tiny_dream_model
@@ -120,7 +120,7 @@ def test_kv_cache_window_forward_matches_full_forward(model, official):
 def test_save_and_reload_roundtrip_and_tied_embeddings(tmp_path):
     for tied in (False, True):
         m = tiny_dream_model(seed=5, tie_word_embeddings=tied)
-        save_llada(m, tmp_path / f"t{tied}")
+        save_checkpoint(m, tmp_path / f"t{tied}")
         cfg = json.loads((tmp_path / f"t{tied}" / "config.json").read_text())
         assert cfg["model_type"] == "Dream" and cfg["architectures"] == ["DreamModel"]
         back = load_dream(tmp_path / f"t{tied}", dtype=torch.float32)

@@ -1,5 +1,5 @@
-"""Dream's sampler (samplers/dream.py) against Dream's official code: T = 0 generations of `diffusion_generate` and
-of Fast-dLLM's cached Dream generate (token for token, NFE for NFE) and ≥ 20,000 draws at T > 0 (two-sample G-test
+"""Dream's sampler (models/dream/sampler.py) against Dream's official code: T = 0 generations of `diffusion_generate`
+and of Fast-dLLM's cached Dream generate (token for token, NFE for NFE) and ≥ 20,000 draws at T > 0 (two-sample G-test
 of the completions against the official code's frequencies), all recorded by the official code on the tiny official
 checkpoint tests/fixtures/dream_tiny/ (tests/fixtures/dream_generate.md says how); the schedule, the tie
 rule, the record and the one-line refusals."""
@@ -13,10 +13,10 @@ import pytest
 import torch
 from dream_helpers import UniqueRows, completion_counts, g_test_two_sample
 
-from dllm_ais.likelihood.dream_selection import DreamRule, proposal_logprob, scheduled_count
-from dllm_ais.models.dream_checkpoint import load_dream
+from dllm_ais.models.dream.checkpoint import load_dream
+from dllm_ais.models.dream.sampler import DreamSamplerConfig, dream_sample
+from dllm_ais.models.dream.selection import DreamRule, proposal_logprob, scheduled_count
 from dllm_ais.models.kv_cache import KVCache
-from dllm_ais.samplers.dream import DreamSamplerConfig, dream_sample
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CKPT = FIXTURES / "dream_tiny"
@@ -158,8 +158,13 @@ def test_bad_input_refused_in_one_line(model):
         DreamSamplerConfig(alg_temp=-0.1)
     _one_line(e)
     with pytest.raises(ValueError) as e:
-        DreamSamplerConfig(threshold=0.9)  # threshold is Fast-dLLM's cached generate
+        DreamSamplerConfig(threshold=0.9)  # the default alg, entropy: threshold decoding reads maskgit_plus
     _one_line(e)
+    assert "--dream-alg maskgit_plus" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        DreamSamplerConfig(gen_length=6, steps=4, alg="maskgit_plus", threshold=0.9)  # Fast-dLLM asserts L % steps
+    _one_line(e)
+    assert "divisible by steps" in str(e.value)
     with pytest.raises(ValueError) as e:
         DreamSamplerConfig(gen_length=8, steps=4, cache="dual", block_length=4, alg="origin")
     _one_line(e)
@@ -176,7 +181,8 @@ def test_bad_input_refused_in_one_line(model):
     assert "cache" in str(e.value)
 
 
-@pytest.mark.parametrize("cache,threshold", [("none", None), ("prefix", None), ("dual", None), ("dual", 0.4)])
+@pytest.mark.parametrize("cache,threshold", [("none", None), ("prefix", None), ("dual", None), ("dual", 0.4),
+                                             ("none", 0.4)])
 def test_left_padding_changes_nothing(model, cache, threshold):
     """A left-padded batch generates what each row generates alone, unpadded, cached windows included (Fast-dLLM's
     cached windows mis-slice the 4-D mask under padding; ours attend over the padded canvas correctly)."""
@@ -194,5 +200,60 @@ def test_left_padding_changes_nothing(model, cache, threshold):
         alone = dream_sample(model, torch.tensor([r]), torch.ones(1, len(r), dtype=torch.bool), cfg,
                              model.mask_token_id, [])
         assert batch.completion_ids[b].tolist() == alone.completion_ids[0].tolist()
-        if threshold is None:  # the fixed schedule: the same steps too (threshold rows wait for each other)
+        if threshold is None or cache == "none":  # the same steps too (cached threshold rows wait for each other)
             assert batch.commit_step[b].tolist() == alone.commit_step[0].tolist()
+
+
+def test_the_default_schedule_is_the_official_one():
+    """DreamSamplerConfig's defaults give Dream's own schedule, pinned to numbers recorded from the official code
+    (tests/fixtures/dream_threshold.json "defaults": DreamGenerationConfig's eps 1e-3, its timesteps and origin's move
+    probabilities for 8 steps). The top-k counts hardly see eps (none differ between 1e-3 and 1e-2 up to L = 40):
+    the timesteps and the move probabilities do, so a changed default fails here."""
+    from dllm_ais.models.dream.selection import move_probability, timesteps
+
+    official = json.loads((FIXTURES / "dream_threshold.json").read_text())["defaults"]
+    ours = DreamSamplerConfig()
+    assert ours.eps == official["eps"]
+    assert timesteps(8, ours.eps).tolist() == official["timesteps_8"]
+    assert [move_probability(i, 8, ours.eps) for i in range(8)] == official["p_transfer_8"]
+
+
+def test_top_p_is_applied_before_top_k():
+    """Dream's order (generation_utils.py `sample_tokens`): logits / T, then top_p, then top_k. With probabilities
+    0.30, 0.25, 0.20, 0.15, 0.10, top_p 0.45 then top_k 2 keeps tokens {0, 1} (0.30 < 0.45, the crossing token kept);
+    top_k 2 first would renormalise to 0.545, 0.455 and top_p 0.45 would keep {0} alone."""
+    from dllm_ais.models.dream.selection import filter_logits
+
+    logits = torch.log(torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.10, 0.0]]))  # the mask token (id 5) last
+    rule = DreamRule("maskgit_plus", 1.0, mask_token_id=5, top_p=0.45, top_k=2)
+    kept = filter_logits(logits, rule) > torch.finfo(torch.float32).min
+    assert kept[0].tolist() == [True, True, False, False, False, False]
+    assert float(torch.softmax(logits[:, :2], -1)[0, 0]) > 0.45  # (so the other order would differ)
+
+
+@pytest.mark.parametrize("alg", ["entropy", "topk_margin"])
+def test_alg_temp_draws_the_positions(alg):
+    """alg_temp > 0 draws the committed positions from softmax(confidence / alg_temp) (generation_utils.py: multinomial)
+    instead of taking the most confident: on fixed logits whose confidences rank the positions 0 > 1 > 2 > 3, one
+    position per step, alg_temp 0 always commits position 0 first; alg_temp 1 commits another first in many rows, at
+    the frequency softmax(confidence) gives the first draw."""
+    from dllm_ais.models.dream.selection import filter_logits, token_confidence
+
+    V, P, L, n = 6, 2, 4, 2000
+    table = torch.zeros(P + L, V)
+    for j, sharp in enumerate((4.0, 3.0, 2.0, 1.0)):  # raw row P - 1 + j predicts position j (Dream's shift)
+        table[P - 1 + j, 3] = sharp
+    ids, mask = torch.tensor([[1, 2]]).expand(n, -1), torch.ones(n, 2, dtype=torch.bool)
+    firsts = {}
+    for alg_temp in (0.0, 1.0):
+        cfg = DreamSamplerConfig(gen_length=L, steps=4, alg=alg, alg_temp=alg_temp, temperature=1.0)
+        r = dream_sample(FixedLogits(table), ids, mask, cfg, mask_token_id=5, stop_token_ids=[],
+                         generator=torch.Generator().manual_seed(0))
+        firsts[alg_temp] = (r.commit_step == r.commit_step.min(-1, keepdim=True).values).float()[:, :].mean(0)
+    assert firsts[0.0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    rule = DreamRule(alg, 1.0, 5)
+    probs = torch.softmax(filter_logits(table[P - 1:P + L - 1][None], rule), -1)[0]
+    conf = token_confidence(probs, probs.argmax(-1), alg)  # independent of the drawn tokens for these algs
+    expected = torch.softmax(conf / 1.0, -1)
+    assert torch.allclose(firsts[1.0], expected, atol=0.04), (firsts[1.0], expected)
+    assert float(firsts[1.0][0]) < 0.9

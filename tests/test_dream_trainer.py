@@ -1,4 +1,4 @@
-"""Dream in the trainer (train/job.py family "dream", train/dream_backend.py): the backend's sampler settings, the
+"""Dream in the trainer (train/job.py family "dream", models/dream/backend.py): the backend's sampler settings, the
 shifted SFT and mask-draw likelihoods against plain references, the trajectory ratio against the path likelihood,
 the fused FP8 rollout copy synced in place by the trainer, and bad Dream checkpoints refused before any write."""
 
@@ -7,21 +7,23 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig, get_preset
+from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig
 from dllm_ais.models.shift import shift_logits
 from dllm_ais.models.tiny import tiny_dream_model, tiny_tokenizer
+from dllm_ais.presets import get_preset
 
 FIXTURE = Path(__file__).parent / "fixtures" / "dream_tiny"
 MASK = 4
 
 
 def _backend(sampler: SamplerConfig, model=None, **train):
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family as family
 
     p = get_preset("tiny-dream")
     tc = replace(p.train, **train) if train else p.train
@@ -29,21 +31,25 @@ def _backend(sampler: SamplerConfig, model=None, **train):
 
 
 def test_dream_family_backend_maps_the_sampler_settings():
-    from dllm_ais.train.dream_backend import DreamBackend
+    from dllm_ais.models.dream.backend import DreamBackend
 
-    sampler = get_preset("tiny-dream").sampler
+    sampler = get_preset("tiny-dream").sampler  # names its rule: maskgit_plus
     backend = _backend(sampler)
     assert isinstance(backend, DreamBackend) and not backend.is_causal and backend.mask_token_id == MASK
-    assert (backend.dream.alg, backend.dream.alg_temp, backend.dream.block_length) == ("maskgit_plus", 0.0, None)
-    assert _backend(replace(sampler, remasking="random")).dream.alg == "origin"
+    assert (backend.dream.alg, backend.dream.alg_temp, backend.dream.block_length) == ("maskgit_plus", 0.0, 5)
+    unnamed = replace(sampler, dream_alg=None, dream_alg_temp=None)
+    assert _backend(replace(unnamed, remasking="random")).dream.alg == "origin"
     model = tiny_dream_model(seed=0)
     model.sampling_defaults = {"alg": "entropy", "alg_temp": 0.5, "top_p": 0.9, "top_k": 7}
-    d = _backend(sampler, model).dream
+    d = _backend(unnamed, model).dream  # no rule named: the checkpoint's confidence rule
     assert (d.alg, d.alg_temp, d.top_p, d.top_k) == ("entropy", 0.5, 0.9, 7)
+    d = _backend(replace(unnamed, dream_alg="topk_margin", dream_alg_temp=0.0), model).dream  # the flags win
+    assert (d.alg, d.alg_temp, d.top_p, d.top_k) == ("topk_margin", 0.0, 0.9, 7)
+    model.sampling_defaults = {"alg": "origin"}  # the released checkpoints': never taken for low_confidence
+    assert _backend(unnamed, model).dream.alg == "maskgit_plus"
+    assert _backend(sampler, model).dream.alg == "maskgit_plus"  # the preset's rule
     with pytest.raises(ValueError, match="--block-length 1 needs --cache prefix or dual"):
         _backend(replace(sampler, block_length=1))
-    with pytest.raises(ValueError, match="policy-logprob trajectory"):
-        _backend(sampler, policy_logprob="trajectory")
 
 
 def test_dream_sft_loss_reads_the_shifted_logits():
@@ -99,37 +105,56 @@ def test_dream_mask_draw_likelihood_reads_the_shifted_logits():
     assert got.abs().sum() > 0
 
 
-def test_dream_trajectory_ratio_is_the_path_likelihood_difference():
-    """mismatch_estimator trajectory: sequence ℓ = log P_BF16(path) − log P_FP8(path) (dream_trajectory.path_logprob
-    on each model); per token, rows whose every token is counted sum to it."""
+@pytest.mark.parametrize("cache", ["none", "dual", "prefix"])
+def test_dream_trajectory_ratio_is_the_exact_replay(cache):
+    """mismatch_estimator trajectory, as LLaDA's: ℓ = log π_old(path) − log μ(path) on the counted tokens (each with
+    its step's selection term shared), π_old replayed with exact uncached logits, μ the sampler's record — which is
+    the replay of the FP8 copy with the cache exactly as it ran. Rows whose every token is counted sum to the exact
+    path-law difference when uncached; with a cache the sampler's record is the cached replay (exactly)."""
     from dllm_ais.fp8 import quantize_model
-    from dllm_ais.likelihood.dream_trajectory import path_logprob
+    from dllm_ais.likelihood.trajectory import replay_plan, replay_terms, share_step_terms
+    from dllm_ais.models.dream.trajectory import chunk_terms, path_logprob
 
     master = tiny_dream_model(seed=3)
     fp8 = quantize_model(master, backend="torch")
-    sampler = SamplerConfig(gen_length=5, block_length=5, steps=5, temperature=1.0)
+    sampler = SamplerConfig(gen_length=10, block_length=10 if cache == "none" else 5, steps=10 if cache == "none"
+                            else 6, temperature=1.0, cache=cache)
     backend = _backend(sampler, master, mismatch_estimator="trajectory", trajectory_selection=True)
     prompt = torch.randint(5, 100, (6, 4), generator=torch.Generator().manual_seed(0))
     rollout = backend.sample(fp8, prompt, torch.ones_like(prompt, dtype=torch.bool), torch.Generator().manual_seed(1))
+    backend.prepare(rollout, torch.Generator().manual_seed(2))
+    tok = backend.mismatch_log_w(master, fp8, rollout, None, "token")  # [B, L]
     seq = backend.mismatch_log_w(master, fp8, rollout, None, "sequence")
+    counted = rollout.completion_mask
+    plan = replay_plan(rollout.commit_step, counted)
     with torch.no_grad():
-        expected = path_logprob(master, rollout, backend.dream, MASK) - path_logprob(fp8, rollout, backend.dream, MASK)
-    torch.testing.assert_close(seq, expected.float())
+        mu_t, mu_s = replay_terms(fp8, rollout, plan, backend.dream, mask_token_id=MASK, selection=True,
+                                  chunk_terms=chunk_terms)  # the FP8 copy with the cache as it ran
+        old_t, old_s = replay_terms(master, rollout, plan, backend.dream, mask_token_id=MASK, selection=True,
+                                    chunk_terms=partial(chunk_terms, uncached=True))
+    hit = plan.scale > 0
+    torch.testing.assert_close(mu_t[hit].float(), rollout.logp_rollout[hit], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mu_s[hit], rollout.logp_select[hit], rtol=1e-5, atol=1e-5)
+    expected = (old_t - mu_t) + share_step_terms(old_s - mu_s, rollout.commit_step, hit)
+    torch.testing.assert_close(tok.double(), torch.where(counted, expected, 0.0), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(seq, tok.sum(-1), rtol=1e-5, atol=1e-5)
     assert seq.abs().max() > 0  # FP8 differs
-    tok = backend.mismatch_log_w(master, fp8, rollout, None, "token")
-    full = rollout.completion_mask.all(-1)
-    assert full.any()
-    torch.testing.assert_close(tok.sum(-1)[full], seq[full], rtol=1e-4, atol=1e-5)
-    assert torch.equal(backend.mismatch_log_w(fp8, fp8, rollout, None, "token"), torch.zeros_like(tok))
+    full = counted.all(-1)
+    if cache == "none" and bool(full.any()):
+        with torch.no_grad():
+            exact = path_logprob(master, rollout, backend.dream, MASK) - path_logprob(fp8, rollout, backend.dream, MASK)
+        torch.testing.assert_close(seq[full].double(), exact[full], rtol=1e-4, atol=1e-4)
+    zero = backend.mismatch_log_w(fp8, fp8, rollout, None, "token")
+    assert torch.equal(zero, torch.zeros_like(tok)) == (cache == "none")  # a cache's staleness is a mismatch
 
 
 def test_trainer_runs_dream_with_its_fused_fp8_copy_synced_after_each_step(tmp_path):
-    """Two GRPO steps of tiny-dream: the rollout copy is fp8/fused_dream.py's and, after the last optimizer step's
-    sync, equals a fresh copy of the trained master, which moved away from the SFT model (in-place buffers:
+    """Two GRPO steps of tiny-dream: the rollout copy is models/dream/fused_fp8.py's and, after the last optimizer
+    step's sync, equals a fresh copy of the trained master, which moved away from the SFT model (in-place buffers:
     tests/test_fp8_fused_dream.py)."""
     from dllm_ais import metrics as M
     from dllm_ais.fp8 import quantize_model
-    from dllm_ais.fp8.fused_dream import FusedDream
+    from dllm_ais.models.dream.fused_fp8 import FusedDream
     from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-dream")
@@ -144,7 +169,7 @@ def test_trainer_runs_dream_with_its_fused_fp8_copy_synced_after_each_step(tmp_p
         assert torch.equal(rollout(x).logits, fresh(x).logits)
     rows = M.read_metrics(tmp_path / "run")
     assert len(rows) == 2 and all(r[M.AIS_ESS] > 0 for r in rows)
-    from dllm_ais.models.dream_checkpoint import load_dream
+    from dllm_ais.models.dream.checkpoint import load_dream
 
     sft = load_dream(tmp_path / "run" / "sft", dtype=torch.float32)
     assert any(not torch.equal(a, b) for a, b in zip(sft.state_dict().values(),
@@ -199,18 +224,20 @@ def test_eval_protocol_d1_on_dream_generations(tmp_path):
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--policy-logprob", "trajectory"], "--policy-logprob trajectory is LLaDA's replay"),
-    (["--mismatch-estimator", "trajectory", "--trajectory-steps", "2"], "--trajectory-steps: Dream's trajectory"),
-    (["--cache", "dual", "--mismatch-estimator", "trajectory"], "--cache dual: Dream's trajectory ratio"),
-    (["--threshold", "0.9", "--mismatch-estimator", "trajectory"], "threshold decoding is Fast-dLLM's cached"),
+    (["--dream-alg", "origin", "--cache", "dual", "--mismatch-estimator", "trajectory"],
+     "--dream-alg origin draws a random order"),
+    (["--dream-alg", "entropy", "--threshold", "0.9", "--mismatch-estimator", "trajectory"],
+     "threshold decoding reads maskgit_plus confidences"),
     (["--cuda-graphs", "on"], "--cuda-graphs on: Dream's sampler runs eager"),
-], ids=["trajectory-policy", "trajectory-steps", "cached-trajectory-ratio", "threshold-without-cache", "graphs-on"])
-def test_what_dream_cannot_train_yet_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, flags,
+    (["--preset", "tiny-cpu", "--dream-alg", "entropy"], "--dream-alg / --dream-alg-temp set Dream's position rule"),
+], ids=["origin-cached", "threshold-with-entropy", "graphs-on", "dream-alg-on-llada"])
+def test_what_dream_cannot_train_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, flags,
                                                                                       says):
     from dllm_ais.cli import main
 
     out = tmp_path / "run"
-    assert main(["train", "--preset", "tiny-dream", *flags, "--out", str(out)]) == 2
+    preset = [] if "--preset" in flags else ["--preset", "tiny-dream"]
+    assert main(["train", *preset, *flags, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
     assert not out.exists()
@@ -246,17 +273,23 @@ def test_dream_trains_lora_adapters_on_the_block_linears(tmp_path, monkeypatch):
     assert M.read_metrics(tmp_path / "run")[0][M.REWARD_MEAN] >= 1.0  # the graded reward was used
 
 
-def test_a_saved_dream_keeps_its_checkpoint_sampling_settings(tmp_path):
-    """The family's save writes the checkpoint's alg / alg_temp / top_p / top_k as generation_config.json, so the run's
-    saved model (SFT cache, final weights) samples as the run did when eval or sample reload it."""
-    from dllm_ais.models.dream_checkpoint import read_dream_sampling
-    from dllm_ais.train.job import family
+def test_a_saved_dream_samples_as_the_run_did(tmp_path):
+    """A run's backend leaves on the model what it samples with (`sampling_defaults`: the preset's rule, the
+    checkpoint's top_p / top_k), and the family's save writes that as generation_config.json: the run's saved model
+    (SFT cache, checkpoints) samples as the run did when eval or sample reload it — not as the hub's "origin"."""
+    from dllm_ais.families import get_family as family
+    from dllm_ais.models.dream.checkpoint import read_dream_sampling
 
     model = tiny_dream_model(seed=0)
-    model.sampling_defaults = {"alg": "entropy", "alg_temp": 0.25, "top_p": 0.9, "top_k": 7}
+    model.sampling_defaults = {"alg": "origin", "top_p": 0.9, "top_k": 7}  # as a released checkpoint, with filters
+    sampler = replace(get_preset("tiny-dream").sampler, dream_alg="entropy", dream_alg_temp=0.25)
+    _backend(sampler, model)
+    runs = {"alg": "entropy", "alg_temp": 0.25, "top_p": 0.9, "top_k": 7}
+    assert model.sampling_defaults == runs
     fam = family("dream")
     fam.save(model, tiny_tokenizer(), tmp_path / "m")
-    assert read_dream_sampling(tmp_path / "m") == model.sampling_defaults
+    assert read_dream_sampling(tmp_path / "m") == runs
     again = fam.load_dir(tmp_path / "m", dtype=torch.float32, device="cpu")
-    assert again.sampling_defaults == model.sampling_defaults
-    assert _backend(get_preset("tiny-dream").sampler, again).dream.alg == "entropy"
+    unnamed = replace(sampler, dream_alg=None, dream_alg_temp=None)  # eval / sample without a rule of their own
+    d = family("dream").backend(unnamed, again, None, None).dream
+    assert (d.alg, d.alg_temp, d.top_p, d.top_k) == ("entropy", 0.25, 0.9, 7)

@@ -17,9 +17,10 @@ from dllm_ais.analysis.evaluate import (
     load_for_eval,
     parse_gen_lengths,
 )
-from dllm_ais.config import SamplerConfig, get_preset
-from dllm_ais.models.checkpoint import save_llada
+from dllm_ais.config import SamplerConfig
+from dllm_ais.models.checkpoint import save_checkpoint
 from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
+from dllm_ais.presets import get_preset
 from dllm_ais.tasks import registry
 from dllm_ais.tasks.registry import get_task
 
@@ -91,8 +92,8 @@ def test_greedy_evaluation_is_deterministic_and_batch_independent(model, tokeniz
 
 
 def test_load_for_eval_model_dir_with_and_without_tokenizer(model, tokenizer, tmp_path):
-    save_llada(model, tmp_path / "with_tok", tokenizer=tokenizer)
-    save_llada(model, tmp_path / "bare")
+    save_checkpoint(model, tmp_path / "with_tok", tokenizer=tokenizer)
+    save_checkpoint(model, tmp_path / "bare")
     for d in ("with_tok", "bare"):
         loaded = load_for_eval(model_dir=tmp_path / d)
         assert torch.equal(_logits(loaded.model), _logits(model))
@@ -112,7 +113,7 @@ def _fake_run(path, preset, write_model):
 
 def test_load_for_eval_run_dir_full_model_and_missing_checkpoint(model, tmp_path):
     preset = get_preset("tiny-cpu")
-    _fake_run(tmp_path / "run", preset, lambda ckpt: save_llada(model, ckpt / "model"))
+    _fake_run(tmp_path / "run", preset, lambda ckpt: save_checkpoint(model, ckpt / "model"))
     loaded = load_for_eval(run_dir=tmp_path / "run")
     assert torch.equal(_logits(loaded.model), _logits(model))
     assert loaded.preset == preset and loaded.source.endswith("step-000001")
@@ -132,7 +133,7 @@ def test_load_for_eval_verifies_a_trainer_checkpoint_manifest(model, tokenizer, 
 
     run = RunDir(tmp_path / "run")
     run.create(get_preset("tiny-cpu"), resume=False)
-    ckpt = run.save_checkpoint(7, lambda d: save_llada(model, d / "model", tokenizer=tokenizer), {"step": 7})
+    ckpt = run.save_checkpoint(7, lambda d: save_checkpoint(model, d / "model", tokenizer=tokenizer), {"step": 7})
     assert torch.equal(_logits(load_for_eval(run_dir=run.path).model), _logits(model))
     with open(ckpt / "model" / "model.safetensors", "r+b") as f:
         f.seek(-4, 2)
@@ -144,7 +145,7 @@ def test_load_for_eval_verifies_a_trainer_checkpoint_manifest(model, tokenizer, 
 def test_load_for_eval_lora_run_merges_adapter_on_base(tmp_path):
     from peft import LoraConfig, get_peft_model
 
-    from dllm_ais.models.llada import lora_target_regex
+    from dllm_ais.models.llada.model import lora_target_regex
 
     base = get_preset("tiny-cpu")
     preset = replace(base, train=replace(base.train, lora_r=4, sft_steps=0))
@@ -179,7 +180,7 @@ def test_eval_samplers_follow_d1_for_real_models_and_the_preset_for_tiny():
 
 
 def test_cmd_eval_writes_one_subdir_per_gen_length(model, tokenizer, tmp_path, capsys):
-    save_llada(model, tmp_path / "m", tokenizer=tokenizer)
+    save_checkpoint(model, tmp_path / "m", tokenizer=tokenizer)
     parser = argparse.ArgumentParser()
     add_eval_arguments(parser)
     args = parser.parse_args(["--model", str(tmp_path / "m"), "--limit", "4", "--gen-length", "4,8",

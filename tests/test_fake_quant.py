@@ -76,7 +76,7 @@ def test_aligned_forward_reproduces_the_rollout_copy_and_trains_the_master():
 def test_aligned_forward_with_lora_matches_the_merged_rollout_copy():
     from peft import LoraConfig, get_peft_model
 
-    from dllm_ais.models.llada import lora_target_regex
+    from dllm_ais.models.llada.model import lora_target_regex
 
     model = get_peft_model(tiny_model(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=lora_target_regex()))
     g = torch.Generator().manual_seed(5)

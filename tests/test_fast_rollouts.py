@@ -5,6 +5,7 @@ forward of every rollout copy against its full forward; logp_rollout against a r
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import fastdllm_reference as ref
 import pytest
@@ -13,9 +14,9 @@ from test_sampler import EOS, MASK, PROMPTS, TOKENIZER, _encode, _sample  # the 
 
 from dllm_ais.config import SamplerConfig
 from dllm_ais.fp8 import available_backends, quantize_model
-from dllm_ais.fp8.fused_llada import build_fused_llada
 from dllm_ais.likelihood.logprobs import proposal_logprobs
 from dllm_ais.models.kv_cache import KVCache
+from dllm_ais.models.llada.fused_fp8 import build_fused_llada
 from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers.diffusion import diffusion_sample, threshold_commit
 
@@ -293,3 +294,30 @@ def test_one_step_per_block_is_the_refresh_only(model, cache):
     a = _sample(model, PROMPTS, cfg, seed=5)
     b = _sample(model, PROMPTS, SamplerConfig(**{**cfg.__dict__, "cache": cache}), seed=5)
     assert b.nfe == 2 and torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.commit_step, b.commit_step)
+
+
+def test_threshold_commits_a_confidence_exactly_at_the_threshold():
+    """Fast-dLLM commits `confidence >= threshold`: two positions at exactly τ both commit (with `>` only the top-1
+    would); the rule's own test, fast, beside the sampler's."""
+    conf = torch.tensor([[0.5, 0.5, 0.25, -torch.inf]], dtype=torch.float64)
+    masked = torch.tensor([[True, True, True, False]])
+    assert threshold_commit(conf, masked, 0.5).tolist() == [[True, True, False, False]]
+    assert threshold_commit(conf, masked, 0.5 + 1e-12).tolist() == [[True, False, False, False]]
+
+
+class _TiedLogits(torch.nn.Module):
+    """Every position: two tokens with equal logits, the rest (mask included) impossible, so each confidence is
+    exactly 0.5 (softmax of two ties)."""
+
+    def forward(self, input_ids, attention_mask=None, positions=None, **kwargs):
+        logits = torch.full((*input_ids.shape, 8), -torch.inf)
+        logits[..., 5:7] = 0.0
+        return SimpleNamespace(logits=logits if positions is None else logits[:, positions])
+
+
+def test_the_sampler_commits_every_position_at_exactly_the_threshold_in_one_forward():
+    cfg = SamplerConfig(gen_length=6, block_length=6, steps=6, temperature=0.0, threshold=0.5)
+    ids, mask = torch.tensor([[1, 2]]), torch.ones(1, 2, dtype=torch.bool)
+    out = diffusion_sample(_TiedLogits(), ids, mask, cfg, mask_token_id=7, stop_token_ids=(),
+                           generator=torch.Generator().manual_seed(0))
+    assert out.completion_ids.tolist() == [[5] * 6] and int(out.nfe) == 1  # `>` would take six forwards

@@ -24,11 +24,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from dllm_ais import metrics as M
-from dllm_ais.config import FP4_FORMATS, TrainConfig, get_preset
+from dllm_ais.config import FP4_FORMATS, TrainConfig
 from dllm_ais.fp4 import FORMATS, FP4Linear, quantize_model, sync_weights
 from dllm_ais.fp8 import quantize_model as quantize_model_fp8
-from dllm_ais.models.llada import LORA_TARGETS, lora_target_regex
+from dllm_ais.models.llada.model import LORA_TARGETS, lora_target_regex
 from dllm_ais.models.tiny import tiny_model
+from dllm_ais.presets import get_preset
 from dllm_ais.train.job import run_training
 from dllm_ais.train.run_dir import RunDir
 
@@ -150,7 +151,7 @@ def test_fp4_moves_log_probs_more_than_fp8(dtype, masking):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_qwen_block_linears_are_fp4_and_the_head_stays(fmt):
     pytest.importorskip("transformers")
-    from dllm_ais.models.qwen import tiny_qwen
+    from dllm_ais.models.qwen.model import tiny_qwen
 
     model = tiny_qwen(seed=0)
     fp4 = quantize_model(model, fmt)

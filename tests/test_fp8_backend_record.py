@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 from dllm_ais.train.job import run_training
 
 

@@ -25,7 +25,7 @@ from dllm_ais.fp8 import (
     unavailable_reason,
 )
 from dllm_ais.fp8 import backends as fp8_linear
-from dllm_ais.fp8.fused_llada import FusedLLaDA
+from dllm_ais.models.llada.fused_fp8 import FusedLLaDA
 from dllm_ais.models.tiny import tiny_model
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -15,7 +15,7 @@ from dllm_ais.fp4.linear import FORMATS, FP4Linear
 from dllm_ais.fp4.linear import quantize_model as quantize_fp4
 from dllm_ais.fp8 import FP8Linear, quantize_model, sync_weights
 from dllm_ais.fp8.fake_quant import aligned_forward
-from dllm_ais.models.dream import LORA_TARGETS, DreamModel
+from dllm_ais.models.dream.model import LORA_TARGETS, DreamModel
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.models.shift import is_shifted
 from dllm_ais.models.tiny import tiny_dream_model
@@ -142,11 +142,11 @@ def test_fp4_copy_equals_its_twin_and_syncs_in_place(fmt):
 
 
 def test_lora_wrapped_dream_keeps_the_shift_and_its_fp8_copy_merges_the_adapters():
-    """peft LoRA on every block linear (models/dream.py lora_target_regex): the likelihood view still shifts, and
+    """peft LoRA on every block linear (models/dream/model.py lora_target_regex): the likelihood view still shifts, and
     the FP8 copy of the wrapped master equals the copy of the merged model."""
     from peft import LoraConfig, get_peft_model
 
-    from dllm_ais.models.dream import lora_target_regex
+    from dllm_ais.models.dream.model import lora_target_regex
     from dllm_ais.models.shift import ShiftedLogits, logits_view
 
     master = _master(torch.float32)
@@ -166,9 +166,9 @@ def test_lora_wrapped_dream_keeps_the_shift_and_its_fp8_copy_merges_the_adapters
 
 
 def test_default_fp8_copy_is_the_fused_one_and_equals_the_walker_copy():
-    """quantize_model (what the trainer's FP8 rollout copy is) builds fp8/fused_dream.py's copy for a Dream master,
-    and it computes what the walker copy computes."""
-    from dllm_ais.fp8.fused_dream import FusedDream
+    """quantize_model (what the trainer's FP8 rollout copy is) builds models/dream/fused_fp8.py's copy for a Dream
+    master, and it computes what the walker copy computes."""
+    from dllm_ais.models.dream.fused_fp8 import FusedDream
 
     master = _master(torch.float32)
     fused = quantize_model(master, backend="torch")

@@ -1,5 +1,5 @@
-"""The fused Dream rollout copy (fp8/fused_dream.py: q/k/v with GQA and biases stacked, gate/up stacked): equal to
-the master (BF16 copy) and to the walker FP8 copy (FP8, torch backend) bit for bit in float32 and bf16, synced in
+"""The fused Dream rollout copy (models/dream/fused_fp8.py: q/k/v with GQA and biases stacked, gate/up stacked): equal
+to the master (BF16 copy) and to the walker FP8 copy (FP8, torch backend) bit for bit in float32 and bf16, synced in
 place by sync_weights, KV cache windows, LoRA merged, the shift kept."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dream_helpers import padded_canvas
 from torch import nn
 
 from dllm_ais.fp8 import FP8Linear, quantize_model, sync_weights
-from dllm_ais.fp8.fused_dream import FusedDream, build_fused_dream
+from dllm_ais.models.dream.fused_fp8 import FusedDream, build_fused_dream
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.models.shift import ShiftedLogits, logits_view
 from dllm_ais.models.tiny import tiny_dream_model
@@ -82,7 +82,7 @@ def test_fused_kv_cache_window_and_shift():
 def test_fused_copy_of_a_lora_master_merges_the_adapters():
     from peft import LoraConfig, get_peft_model
 
-    from dllm_ais.models.dream import lora_target_regex
+    from dllm_ais.models.dream.model import lora_target_regex
 
     wrapped = get_peft_model(_master(torch.float32), LoraConfig(r=4, lora_alpha=8,
                                                                   target_modules=lora_target_regex()))

@@ -1,4 +1,4 @@
-"""The fused LLaDA rollout copy (fp8/fused_llada.py): same log-probs as the unfused FP8 copy, sync = fresh
+"""The fused LLaDA rollout copy (models/llada/fused_fp8.py): same log-probs as the unfused FP8 copy, sync = fresh
 quantisation of the master (with LoRA) without reallocating, the BF16 fused copy, and torch.compile without graph
 breaks.
 
@@ -16,8 +16,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from dllm_ais.fp8 import FP8Linear, available_backends, quant, quantize_model, sync_weights
-from dllm_ais.fp8.fused_llada import FUSED_PARTS, FusedLLaDA, build_fused_llada
-from dllm_ais.models.llada import lora_target_regex
+from dllm_ais.models.llada.fused_fp8 import FUSED_PARTS, FusedLLaDA, build_fused_llada
+from dllm_ais.models.llada.model import lora_target_regex
 from dllm_ais.models.tiny import tiny_model
 
 LOGP_ATOL = 1e-5

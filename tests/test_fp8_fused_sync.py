@@ -10,9 +10,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from dllm_ais.fp8 import fused_sync, quant, quantize_model, sync_weights
-from dllm_ais.fp8.fused_llada import FusedLLaDA, build_fused_llada, sync_per_tensor
 from dllm_ais.fp8.walker import effective_weight
-from dllm_ais.models.llada import lora_target_regex
+from dllm_ais.models.llada.fused_fp8 import FusedLLaDA, build_fused_llada, sync_per_tensor
+from dllm_ais.models.llada.model import lora_target_regex
 from dllm_ais.models.tiny import tiny_model
 
 pytest.importorskip("dllm_ais.fp8.kernels", reason="the grouped quantiser is a Triton kernel")

@@ -30,8 +30,8 @@ from torch import nn
 
 from dllm_ais.config import SamplerConfig
 from dllm_ais.fp8 import FP8Linear, quantize_model, sync_weights
-from dllm_ais.fp8.fused_llada import FUSED_PARTS
-from dllm_ais.models.llada import LORA_TARGETS
+from dllm_ais.models.llada.fused_fp8 import FUSED_PARTS
+from dllm_ais.models.llada.model import LORA_TARGETS
 from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers.diffusion import diffusion_sample
 
@@ -108,9 +108,9 @@ def rollouts(pair):
 
 
 def test_block_linears_are_fp8_head_and_embeddings_stay(pair):
-    """The copy is the fused rollout model (fp8/fused_llada.py): per block qkv [3d, d], attn_out, gate_up [2h, d] and
-    ff_out are FP8Linears; embeddings, norms and the LM head keep the master's dtype and values. (Adapted from the
-    unfused structure, where each of the 7 block linears was its own FP8Linear.)"""
+    """The copy is the fused rollout model (models/llada/fused_fp8.py): per block qkv [3d, d], attn_out, gate_up [2h,
+    d] and ff_out are FP8Linears; embeddings, norms and the LM head keep the master's dtype and values. (Adapted from
+    the unfused structure, where each of the 7 block linears was its own FP8Linear.)"""
     model, fp8 = pair
     assert len(LORA_TARGETS) == 7
     expected = {f"blocks.{i}.{name}" for i in range(model.config.n_layers) for name in FUSED_PARTS}

@@ -1,5 +1,5 @@
 """Producer kernels (fp8/producer_kernels.py) against their torch twins (fp8/producers.py), and the twins against the
-model's own math (models/llada.py).
+model's own math (models/llada/model.py).
 
 Bounds (stated in producer_kernels.py): attn_out_quant and rope are bit-identical under the interpreter;
 rmsnorm_quant and silu_mul_quant reduce / exponentiate in another order or library than torch, so a value may land
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from dllm_ais.fp8 import producers, quant
-from dllm_ais.models.llada import RMSNorm, apply_rope, rope_cos_sin
+from dllm_ais.models.llada.model import RMSNorm, apply_rope, rope_cos_sin
 
 pk = pytest.importorskip("dllm_ais.fp8.producer_kernels", reason="triton is not installed")
 

@@ -42,10 +42,13 @@ PARAM_ATOL = 2e-6
 LOSS_RTOL = 1e-4
 
 
-def launch(tmp: Path, args: list[str], num_processes: int = 2, mixed_precision: str = "no") -> float:
-    """Run the helper under `accelerate launch` with FSDP2 on `num_processes` CPU processes (1: a plain process);
-    returns the seconds it took. HF_HOME points into tmp so that no user accelerate config changes the launch."""
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", *FSDP2_FLAGS, "--num_processes",
+def launch(tmp: Path, args: list[str], num_processes: int = 2, mixed_precision: str = "no",
+           block: str = "LLaDABlock") -> float:
+    """Run the helper under `accelerate launch` with FSDP2 on `num_processes` CPU processes (1: a plain process),
+    wrapping each `block` (DreamDecoderLayer for Dream); returns the seconds it took. HF_HOME points into tmp so that
+    no user accelerate config changes the launch."""
+    flags = [block if f == "LLaDABlock" else f for f in FSDP2_FLAGS]
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--num_processes",
                 str(num_processes), "--num_machines", "1", "--mixed_precision", mixed_precision,
                 "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     cmd = [*(launcher if num_processes > 1 else [sys.executable]), str(SCRIPT), *args]
@@ -76,18 +79,35 @@ def test_fsdp2_run_resumed_equals_one_process_with_the_global_batch(tmp_path, lo
     seconds += launch(tmp_path, ["--out", str(run), "--steps", "4", "--resume"])
     seconds += launch(tmp_path, ["--replay", str(run), "--out", str(single), "--steps", "4", *flags], num_processes=1)
     print(f"FSDP2 run (2 + 2 resumed steps) and its one-process replay: {seconds:.1f} s")
+    _equals_one_process(run, single, lora, "FusedLLaDA", steps=4, resumed_at=2)
 
+
+@pytest.mark.slow
+def test_fsdp2_dream_with_fp8_rollouts_equals_one_process(tmp_path):
+    """The same for tiny-dream (full fine-tuning, 2 steps): every DreamDecoderLayer sharded, the fused FP8 Dream copy
+    synced from the shards one master linear at a time (models/dream/fused_fp8.py `sync_fused_dream` with gather /
+    full), equal to one process holding the global batch."""
+    run, single = tmp_path / "run", tmp_path / "single"
+    dream = ["--base", "tiny-dream"]
+    seconds = launch(tmp_path, [*dream, "--out", str(run), "--steps", "2"], block="DreamDecoderLayer")
+    seconds += launch(tmp_path, [*dream, "--replay", str(run), "--out", str(single), "--steps", "2"], num_processes=1)
+    print(f"FSDP2 Dream run (2 steps) and its one-process replay: {seconds:.1f} s")
+    _equals_one_process(run, single, False, "FusedDream", steps=2, resumed_at=0)
+
+
+def _equals_one_process(run: Path, single: Path, lora: bool, rollout_type: str, steps: int, resumed_at: int):
+    """The sharded run in `run` against its one-process replay in `single` (module docstring's bounds)."""
     config = json.loads((run / "config.json").read_text())
     assert config["train"]["rollout_precision"] == "fp8" and config["train"]["lora_r"] == (4 if lora else 0)
     ranks, (one,) = _ranks(run, 2), _ranks(single, 1)
     for r in ranks:  # the trainer really ran sharded: accelerate's FSDP2, every master parameter a DTensor shard
         assert r["distributed_type"] == "DistributedType.FSDP" and r["is_fsdp2"] and r["world"] == 2
         assert r["sharded_params"] == r["params"] > 0
-        assert r["rollout_type"] == "FusedLLaDA", "the FP8 rollout copy (synced from the shards)"
-        assert r["resumed_at"] == 2 and len(r["records"]) == 4
+        assert r["rollout_type"] == rollout_type, "the FP8 rollout copy (synced from the shards)"
+        assert r["resumed_at"] == resumed_at and len(r["records"]) == steps
     assert one["distributed_type"] == "DistributedType.NO" and one["sharded_params"] == 0
 
-    for step in range(4):  # λ, ω from the replayed ℓ and the rewards over the global batch: exact
+    for step in range(steps):  # λ, ω from the replayed ℓ and the rewards over the global batch: exact
         rec = one["records"][step]
         assert torch.equal(rec["completion_ids"], torch.cat([r["records"][step]["completion_ids"] for r in ranks]))
         for r in ranks:  # (λ is NaN where the AIS statistics are undefined, e.g. a batch without reward variance)
@@ -95,7 +115,7 @@ def test_fsdp2_run_resumed_equals_one_process_with_the_global_batch(tmp_path, lo
         torch.testing.assert_close(torch.cat([r["records"][step]["omega"] for r in ranks]), rec["omega"], rtol=0,
                                    atol=0, equal_nan=True, msg=f"step {step}: ω")
     sharded_rows, single_rows = M.read_metrics(run), M.read_metrics(single)
-    assert [r[M.STEP] for r in sharded_rows] == list(range(4))
+    assert [r[M.STEP] for r in sharded_rows] == list(range(steps))
     for a, b in zip(sharded_rows, single_rows, strict=True):
         for key in (M.AIS_LAMBDA, M.AIS_ESS, M.AIS_DIVERGENCE, M.AIS_VAR_AMP):
             assert a[key] == b[key] or (math.isnan(a[key]) and math.isnan(b[key])), (a[M.STEP], key, a[key], b[key])
@@ -149,7 +169,7 @@ def test_fsdp2_lora_on_a_bf16_base_with_bf16_mixed_precision_trains_and_resumes(
 def _preset(**changes):
     from dataclasses import replace
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     p = get_preset("tiny-cpu")
     model = {k: changes.pop(k) for k in ("family", "dtype") if k in changes}
@@ -165,8 +185,11 @@ def _preset(**changes):
     (2, {"dtype": "bfloat16"}, "--dtype float32"),  # a sharded bf16 optimizer would lose small updates
     (2, {"dtype": "bfloat16", "lora_r": 8}, None),  # LoRA adapters are fp32
     (2, {"family": "qwen", "lora_r": 8}, "Qwen3"),  # the fused Qwen rollout copy syncs from full weights only
-    (2, {"family": "dream", "lora_r": 8}, "Dream"),  # so does the fused Dream copy
+    (2, {"family": "dream", "lora_r": 8}, None),  # the fused Dream copy syncs from the shards (gather / full)
     (2, {"family": "dream", "lora_r": 8, "rollout_precision": "bf16"}, None),
+    (2, {"policy_logprob": "mdpo"}, "--policy-logprob mdpo under FSDP"),  # forward counts differ between ranks
+    (2, {"policy_logprob": "dtreerpo"}, "--policy-logprob dtreerpo under FSDP"),
+    (2, {"policy_logprob": "coupled"}, None),
 ])
 def test_fsdp_refusals(version, changes, refused):
     from dllm_ais.train.fsdp_setup import fsdp_refusals, fsdp_version_from_env

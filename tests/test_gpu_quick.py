@@ -111,6 +111,8 @@ def test_summary_from_rows(tmp_path):
         gemm("tflops_bf16_matmul", 700.0, 8),
         gemm("tflops_fp8_triton_gemm", 900.0, 16), gemm("tflops_fp8_cublas_blockwise", 1000.0, 16),
         gemm("tflops_bf16_matmul", 800.0, 16),
+        dict(metric="forward_ms_dream_bf16_eager", value=300.0), dict(metric="forward_ms_dream_fp8_eager", value=150.0),
+        dict(metric="window_ms_dream_bf16", value=30.0), dict(metric="window_ms_dream_fp8", value=40.0),
         dict(metric="gpu_tests_failed", value=2, status="partial"),
         dict(metric="forward_ms_fp8_scaled_mm_eager", value=None, status="failed"),
     ])  # fmt: skip
@@ -131,6 +133,7 @@ def test_summary_from_rows(tmp_path):
     assert s["sync_vs_floor"] == pytest.approx(3.0)
     assert s["gemm_triton_vs_cublas_min"] == pytest.approx(0.6) and s["gemm_cublas_vs_bf16_min"] == pytest.approx(1.25)
     assert s["gpu_tests_failed"] == 2
+    assert s["dream_fp8_vs_bf16_eager"] == pytest.approx(2.0) and s["dream_window_fp8_vs_bf16"] == pytest.approx(0.75)
     report = quick.report(s, tmp_path)
     assert "| sync_vs_floor | 3 |" in report and "NOT met" in report and "| fp8_vs_bf16_eager | 2 |" in report
     assert "| rl_step_vs_plan | 1.5 |  | within 0.25: NOT met |" in report  # 50 % off the plan

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from dllm_ais import metrics as M
-from dllm_ais.config import TrainConfig, get_preset
+from dllm_ais.config import TrainConfig
+from dllm_ais.presets import get_preset
 from dllm_ais.train import grad_diagnostics as GD
 from dllm_ais.train.job import run_training
 from dllm_ais.train.run_dir import RunDir

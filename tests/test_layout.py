@@ -17,7 +17,12 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCES = {"dllm_ais": REPO / "dllm_ais", "dllm_ais.samplers": REPO / "samplers", "dllm_ais.models": REPO / "models",
            "dllm_ais.tasks": REPO / "tasks"}
 BASE = {"dllm_ais", "dllm_ais.types", "dllm_ais.config", "dllm_ais.metrics", "dllm_ais.atomic",
-        "dllm_ais.progress"}  # the shared types, configs and utilities every layer may use
+        "dllm_ais.progress", "dllm_ais.families",
+        "dllm_ais.presets"}  # the shared types, configs and utilities every layer may use
+FAMILY_ROLES = {"family": "base", "model": "models", "checkpoint": "models", "tiny": "models", "rollout": "models",
+                "fused_fp8": "fp8", "selection": "likelihood", "trajectory": "likelihood", "likelihood": "likelihood",
+                "sampler": "samplers", "backend": "train", "shape": "plan"}
+"""A family folder models/<family>/ (dllm_ais/families.py): each module's layer is the one its file name says."""
 
 
 def _modules() -> dict[str, Path]:
@@ -130,15 +135,41 @@ def test_no_import_cycle_even_through_type_hints():
     assert _cycles(typed) == []
 
 
+def _family_folders() -> set[str]:
+    return {p.name for p in (REPO / "models").iterdir() if (p / "family.py").is_file()}
+
+
 def _layer(name: str) -> str:
     if name in BASE:
         return "base"
     if name in {"dllm_ais.cli", "dllm_ais.sample", "dllm_ais.__main__"}:
         return "entry"
-    return name.split(".")[1]
+    parts = name.split(".")
+    if parts[1] == "models" and len(parts) == 4 and parts[2] in _family_folders():
+        return FAMILY_ROLES[parts[3]]
+    return parts[1]
+
+
+def test_every_module_of_a_family_folder_has_a_known_layer():
+    """A new file in models/<family>/ must say its layer by its name (FAMILY_ROLES), so the layer table holds for it."""
+    families = _family_folders()
+    assert {"llada", "dream", "qwen"} <= families
+    parts = [name.split(".") for name in MODULES]
+    found = [".".join(p) for p in parts if len(p) == 4 and p[1] == "models" and p[2] in families]
+    unknown = sorted(n for n in found if n.split(".")[3] not in FAMILY_ROLES)
+    assert not unknown, f"name these files by their role ({', '.join(FAMILY_ROLES)}): {unknown}"
+
+
+def test_the_layer_of_a_family_module_follows_its_role():
+    assert _layer("dllm_ais.models.dream.sampler") == "samplers"
+    assert _layer("dllm_ais.models.llada.backend") == "train"
+    assert _layer("dllm_ais.models.llada.family") == "base"
+    assert _layer("dllm_ais.models.llada") == "models"
+    assert _layer("dllm_ais.models.kv_cache") == "models"
 
 
 @pytest.mark.parametrize("layer, may_import", [
+    ("base", {"base", "rl"}),  # config -> rl/config.py only; a family's family.py is base: light, no torch
     ("rl", {"base", "rl"}),  # the math: tensors in, tensors out
     ("likelihood", {"base", "likelihood", "models"}),
     ("samplers", {"base", "samplers", "models", "likelihood", "fp8"}),
@@ -169,6 +200,38 @@ def test_no_source_file_over_600_lines():
     assert len(files) > 100
     long = {str(p.relative_to(REPO)): n for p in files if (n := len(p.read_text().splitlines())) > 600}
     assert not long
+
+
+def _family_name_branches(path: Path, names: set[str], root: Path = REPO) -> list[str]:
+    """`x.family == "dream"`, `family in ("llada", "dream")`, `"qwen" != cfg.family` ...: comparisons of something
+    called *family with a family's name, in `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = any(ast.unparse(s).split(".")[-1].endswith("family") for s in sides)
+        constants = {c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)}
+        if named and constants & names:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_branch_on_a_family_name_outside_the_registry():
+    """Job, plan, sample, eval and checkpoint code ask dllm_ais/families.py's records instead of comparing names."""
+    import dllm_ais.families as families
+
+    names = set(families.FAMILIES)
+    files = [p for d in ("dllm_ais", "models", "samplers", "tasks", "scripts") for p in (REPO / d).rglob("*.py")]
+    assert not [b for p in files for b in _family_name_branches(p, names)]
+
+
+def test_the_family_branch_check_finds_a_planted_one(tmp_path):
+    path = tmp_path / "x.py"
+    path.write_text('if preset.model.family == "dream":\n    pass\nok = mc.family in ("llada", "qwen")\n'
+                    'fine = spec.kind == "dream"\n')
+    found = _family_name_branches(path, {"llada", "dream", "qwen"}, root=tmp_path)
+    assert [f.split(": ", 1)[1] for f in found] == ["preset.model.family == 'dream'", "mc.family in ('llada', 'qwen')"]
 
 
 def test_at_most_twelve_top_level_modules():

@@ -408,3 +408,26 @@ def test_replay_pads_its_forwards_to_the_other_processes(monkeypatch, tmp_path):
         dist.destroy_process_group()
     assert counting.calls == base.num_forwards + 3
     assert torch.equal(padded.token_log_ratio, base.token_log_ratio)
+
+
+def test_the_policy_path_terms_equal_the_samplers_own_record_selection_included():
+    """--policy-logprob trajectory with --trajectory-selection: the replayed per-token path terms (token + shared
+    selection term) of the model that sampled equal what the sampler recorded as it sampled (log μ and each step's
+    selection term), token for token; the selection terms are not zero here, so a flipped sign or a dropped term in
+    `policy_token_logp` fails this fast test beside its code."""
+    from dllm_ais.likelihood.trajectory import policy_token_logp, rollout_token_logp
+
+    model = tiny_model(seed=3)
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=0.9)  # 2 commits per step: selection ≠ 0
+    ids, mask = _prompts(4, 7, 5)
+    rollout = diffusion_sample(model, ids, mask, cfg, model.config.mask_token_id, [4],
+                               generator=torch.Generator().manual_seed(6), record_selection=True)
+    plan = replay_plan(rollout.commit_step, rollout.completion_mask)
+    with torch.no_grad():
+        replayed = policy_token_logp(model, rollout, plan, cfg, mask_token_id=model.config.mask_token_id,
+                                     selection=True)
+        tokens_only = policy_token_logp(model, rollout, plan, cfg, mask_token_id=model.config.mask_token_id,
+                                        selection=False)
+    recorded = rollout_token_logp(rollout, plan, selection=True)
+    torch.testing.assert_close(replayed.double(), recorded.double(), atol=1e-5, rtol=0)
+    assert (replayed.double() - tokens_only.double()).abs().max() > 1e-2  # the selection terms matter here

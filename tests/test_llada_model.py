@@ -2,7 +2,7 @@
 
 import torch
 
-from dllm_ais.models.llada import LLaDAModelLM
+from dllm_ais.models.llada.model import LLaDAModelLM
 from dllm_ais.models.tiny import tiny_config, tiny_model
 
 

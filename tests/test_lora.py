@@ -3,7 +3,7 @@
 import torch
 from peft import LoraConfig, get_peft_model
 
-from dllm_ais.models.llada import LORA_TARGETS, lora_target_regex
+from dllm_ais.models.llada.model import LORA_TARGETS, lora_target_regex
 from dllm_ais.models.tiny import tiny_model
 
 

@@ -503,7 +503,8 @@ def test_grpo_config_errors(kwargs, fragment):
 def test_config_json_round_trip_keeps_rules_and_no_cap():
     from dataclasses import replace
 
-    from dllm_ais.config import Preset, get_preset
+    from dllm_ais.config import Preset
+    from dllm_ais.presets import get_preset
 
     p = get_preset("tiny-cpu")
     p = replace(p, correction=replace(p.correction, is_cap=None, rejected="drop",

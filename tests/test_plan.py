@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from dllm_ais.cli import main
-from dllm_ais.config import get_preset
-from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM
+from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM
 from dllm_ais.plan import fixes, make_plan, predict_quick
 from dllm_ais.plan.flops import forward_flops
 from dllm_ais.plan.rates import BENCHMARKS, rates
 from dllm_ais.plan.shape import model_shape
+from dllm_ais.presets import get_preset
 
 D, LAYERS, HEADS, MLP, VOCAB = 4096, 32, 32, 12288, 126464  # DESIGN.md §6
 D1 = "llada-8b-gsm8k"
@@ -45,7 +45,7 @@ def test_the_8b_shape_is_the_models_config_and_its_parameters_the_analytic_count
 def test_lora_parameters_are_what_peft_adds():
     from peft import LoraConfig, get_peft_model
 
-    from dllm_ais.models.llada import lora_target_regex
+    from dllm_ais.models.llada.model import lora_target_regex
     from dllm_ais.models.tiny import tiny_model
 
     model = get_peft_model(tiny_model(0), LoraConfig(r=8, lora_alpha=16.0, target_modules=lora_target_regex()))

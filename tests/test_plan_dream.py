@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_ais.config import ModelConfig, get_preset
+from dllm_ais.config import ModelConfig
 from dllm_ais.fp4.linear import quantize_model as quantize_fp4
 from dllm_ais.fp8 import quantize_model
 from dllm_ais.models.tiny import tiny_dream_model
 from dllm_ais.plan.shape import model_shape, rollout_copy_bytes
+from dllm_ais.presets import get_preset
 
 
 def test_dream_7b_preset_shape():

@@ -1,6 +1,6 @@
 """`dllm-ais plan` against measurements: one real RL step of the default preset (the tiny model, CPU) with every live
-tensor storage counted (dllm_ais/plan/live_bytes.py) and every model forward recorded, and one LLaDA-8B-wide block on
-the meta device.
+tensor storage counted (dllm_ais/plan/live_bytes.py) and every model forward recorded (tiny-dream's too), and one
+LLaDA-8B-wide block on the meta device.
 
 Bounds (docs/plan.md, "Validated"): the parts alive through the step within 1 %; the peak of the whole step, of the
 update, and (bf16 rollouts) of the rollout and likelihood phases within 5 %; forward rows per phase exactly; the bytes
@@ -16,13 +16,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dllm_ais.config import get_preset
-from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, lora_target_regex
+from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM, lora_target_regex
 from dllm_ais.plan.live_bytes import LiveBytes
 from dllm_ais.plan.memory import layer_saved_bytes
 from dllm_ais.plan.predict import make_plan
 from dllm_ais.plan.shape import model_shape
 from dllm_ais.plan.workload import step_passes
+from dllm_ais.presets import get_preset
 
 
 class _Stages:
@@ -62,11 +62,13 @@ def _run_steps(preset, steps: int = 2) -> dict:
     """Trainer.train_step of `preset` on CPU (no SFT), `steps` times (AdamW's states exist from the second on): of the
     last step, the live-byte peak of each trainer stage and of the step, the bytes alive after it, and (stage,
     model, rows, tokens) of every model forward."""
-    from dllm_ais.fp8.fused_dream import FusedDream
-    from dllm_ais.fp8.fused_llada import FusedLLaDA
-    from dllm_ais.models.dream import DreamModel
+    from dllm_ais.models.dream.backend import build_backend as _dream_backend
+    from dllm_ais.models.dream.fused_fp8 import FusedDream
+    from dllm_ais.models.dream.model import DreamModel
+    from dllm_ais.models.llada.backend import build_backend as _llada_backend
+    from dllm_ais.models.llada.fused_fp8 import FusedLLaDA
     from dllm_ais.models.tiny import tiny_dream_model, tiny_model, tiny_tokenizer
-    from dllm_ais.train.job import _dream_backend, _llada_backend, task_rows_and_reward
+    from dllm_ais.train.job import task_rows_and_reward
     from dllm_ais.train.run_dir import RunDir
     from dllm_ais.train.trainer import Policy, Trainer
 
@@ -188,7 +190,7 @@ def test_an_8b_wide_block_saves_the_predicted_bytes(lora_r):
 def test_the_fused_fp8_copy_on_triton_producers_uses_the_predicted_working_set():
     """The fused FP8 copy as a GPU runs it (Triton producers and GEMM, here under TRITON_INTERPRET on CPU: the same
     allocations), bf16, one 16-token row: its forward's peak per token is memory.fused_working_set's."""
-    from dllm_ais.fp8.fused_llada import build_fused_llada
+    from dllm_ais.models.llada.fused_fp8 import build_fused_llada
     from dllm_ais.models.tiny import tiny_model
     from dllm_ais.plan.memory import fused_working_set
 
@@ -217,7 +219,10 @@ def _policy_preset(name: str):
     base = get_preset("tiny-cpu")
     likelihood = replace(base.train.likelihood, elbo_draws=2) if name in ("elbo", "spg") else base.train.likelihood
     grpo = replace(base.grpo, beta=0.0) if name == "spg" else base.grpo  # SPG trains without a KL term
-    return replace(base, train=replace(base.train, policy_logprob=name, likelihood=likelihood), grpo=grpo)
+    train = replace(base.train, policy_logprob=name, likelihood=likelihood)
+    if name in ("mdpo", "dtreerpo"):  # several rows per sequence: an eighth of the batch keeps the test short
+        train = replace(train, prompts_per_step=2, likelihood=replace(likelihood, mdpo_steps=3))
+    return replace(base, train=train, grpo=grpo)
 
 
 def _rows_by(counts) -> Counter:
@@ -238,11 +243,12 @@ def _measured_and_planned(preset, plan) -> tuple[Counter, Counter]:
     return got, want
 
 
-@pytest.mark.parametrize("name", ["elbo", "spg", "coupled", "trajectory"])
+@pytest.mark.parametrize("name", ["elbo", "spg", "coupled", "trajectory", "mdpo", "dtreerpo"])
 def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
     """The plan knows what each --policy-logprob runs: mask-draw calls of 64 rows per draw (elbo, spg: exact), the
-    three coupled canvases and the replayed trajectory steps (upper bounds: canvases with nothing to score are
-    skipped), π_old and the reference once per step for a trajectory, and a checkpointed update (forward twice)."""
+    three coupled canvases, MDPO's recorded canvases (min(--mdpo-steps, steps)), d-TreeRPO's segments and the
+    replayed trajectory steps (upper bounds: canvases with nothing to score are skipped), π_old and the reference
+    once per step for a trajectory, and a checkpointed update (forward twice)."""
     preset = _policy_preset(name)
     plan = make_plan(preset, "h100", device="cpu")
     got, want = _measured_and_planned(preset, plan)
@@ -256,12 +262,30 @@ def test_forward_rows_of_each_policy_likelihood_are_the_planned_ones(name):
         assert 0.85 * rows <= got_rows[key] <= rows, (key, got_rows[key], rows)
 
 
-def test_forward_rows_of_a_dream_step_with_the_trajectory_ratio_are_the_planned_ones():
-    """tiny-dream with the trajectory mismatch ratio: Dream's path replay runs every sampler step on the master and on
-    the FP8 copy (the plan counted the master alone, at LLaDA's head, before)."""
+DREAM_STEPS = {  # tiny-dream's rows of `dllm-ais plan` against a measured step
+    "one_step": {},
+    "trajectory-ratio": dict(mismatch_estimator="trajectory"),
+    "trajectory-policy": dict(policy_logprob="trajectory"),
+    "dual-cache": dict(mismatch_estimator="trajectory", policy_logprob="trajectory", cache="dual"),
+}
+
+
+@pytest.mark.parametrize("name", list(DREAM_STEPS))
+def test_forward_rows_of_a_dream_step_are_the_planned_ones(name):
+    """tiny-dream: the sampler's forwards, the one-step likelihood's (exact), and Dream's trajectory replays — the
+    mismatch ratio's π_old (log μ recorded by the sampler), the policy's replay with the cache as it ran — counted as
+    LLaDA's (upper bounds: canvases with nothing to score are skipped, tight on this task)."""
     base = get_preset("tiny-dream")
-    preset = replace(base, train=replace(base.train, mismatch_estimator="trajectory"))
+    changes = dict(DREAM_STEPS[name])
+    sampler = replace(base.sampler, cache=changes.pop("cache")) if "cache" in changes \
+        else base.sampler
+    preset = replace(base, sampler=sampler, train=replace(base.train, **changes))
     plan = make_plan(preset, "h100", device="cpu")
     got, want = _measured_and_planned(preset, plan)
-    assert any("Dream path" in p.what and p.model == "rollout" for p in step_passes(plan.workload))
-    assert got == want
+    if name == "one_step":
+        assert got == want
+        return
+    got_rows, want_rows = _rows_by(got.items()), _rows_by(want.items())
+    assert set(got_rows) == set(want_rows)
+    for key, rows in want_rows.items():
+        assert 0.85 * rows <= got_rows[key] <= rows, (key, got_rows[key], rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -107,27 +108,41 @@ def exact_coupled_terms(t: Table, lo=0.2, hi=0.8) -> np.ndarray:
     return out
 
 
-def spg_outcomes(t: Table, block: int):
-    """Every single SPG draw with its probability: (prob, completion subset M, prompt subset sp)."""
+def spg_block_law(nb: int, N: int, K: int, rule: str) -> list[tuple[float, tuple[int, ...]]]:
+    """The K draws' blocks (c_1..c_K) with their probabilities: `independent` uniform on the n_b counted blocks;
+    `permutation` (SPG) the first K of a uniform permutation of all N blocks, each modulo n_b (K <= N)."""
+    if rule == "independent":
+        return [(1 / nb**K, cs) for cs in itertools.product(range(nb), repeat=K)]
+    perms = list(itertools.permutations(range(N), K))
+    law = Counter(tuple(j % nb for j in p) for p in perms)
+    return [(n / len(perms), cs) for cs, n in sorted(law.items())]
+
+
+def spg_outcomes(t: Table, block: int, c: int):
+    """Every single SPG draw whose block is c, with its probability given c: (prob, completion subset M, prompt
+    subset sp)."""
     real = [i for i in range(t.P) if t.pm[i]]
     prompt = [(P_PROMPT ** len(sp) * (1 - P_PROMPT) ** (len(real) - len(sp)), sp)
               for k in range(len(real) + 1) for sp in itertools.combinations(real, k)]
-    nb = (t.n + block - 1) // block
     out = []
-    for c in range(nb):
-        early = [j for j in t.counted if j // block < c]
-        inb = [j for j in t.counted if j // block == c]
-        later = [j for j in t.counted if j // block > c]
-        for k in range(len(early) + 1):
-            for E in itertools.combinations(early, k):
-                pe = P_PROMPT ** k * (1 - P_PROMPT) ** (len(early) - k)
-                for x in range(1, len(inb) + 1):
-                    subs = list(itertools.combinations(inb, x))
-                    for S in subs:
-                        for pp, sp in prompt:
-                            out.append((pe * pp / nb / len(inb) / len(subs), tuple(E) + S + tuple(later), sp))
+    early = [j for j in t.counted if j // block < c]
+    inb = [j for j in t.counted if j // block == c]
+    later = [j for j in t.counted if j // block > c]
+    for k in range(len(early) + 1):
+        for E in itertools.combinations(early, k):
+            pe = P_PROMPT ** k * (1 - P_PROMPT) ** (len(early) - k)
+            for x in range(1, len(inb) + 1):
+                subs = list(itertools.combinations(inb, x))
+                for S in subs:
+                    for pp, sp in prompt:
+                        out.append((pe * pp / len(inb) / len(subs), tuple(E) + S + tuple(later), sp))
     assert abs(sum(o[0] for o in out) - 1) < 1e-12
     return out
+
+
+def _blocks_of(t: Table, block: int) -> tuple[int, int]:
+    """(n_b counted blocks, N blocks of the completion width)."""
+    return (t.n + block - 1) // block, -(-len(t.cm) // block)
 
 
 def _replicated(R, group=1):
@@ -187,45 +202,51 @@ def test_coupled_mc_mean_equals_exact(model):
     assert (terms[:, 4] == 0).all() and (terms[idx == 1][:, 3:] == 0).all()
 
 
-def _spg_draws(model, R, K, seed, block=2):
+def _spg_draws(model, R, K, seed, block=2, rule="permutation"):
     pid, pm, cid, cm, idx = _replicated(R)
-    pl = policy_likelihood("spg", PolicyLikelihoodConfig(elbo_draws=K, spg_block_length=block, batch_size=4096))
+    pl = policy_likelihood("spg", PolicyLikelihoodConfig(elbo_draws=K, spg_block_length=block, batch_size=4096,
+                                                         spg_block_rule=rule))
     d = pl.draw(pid, pm, cm, seed)
     with torch.no_grad():
         lp = pl.draw_logp(model, pid, pm, cid, cm, d, mask_token_id=MASK)
     return d, lp, idx
 
 
-def test_spg_elbo_mc_mean_equals_exact(model):
-    d, lp, idx = _spg_draws(model, R=512, K=2, seed=3)  # 1,024 draws per sequence
+@pytest.mark.parametrize("rule", ["permutation", "independent"])
+def test_spg_elbo_mc_mean_equals_exact(model, rule):
+    """Rows of 4 and 3 counted tokens in 3 blocks of 2 (L = 5): n_b = 2 < N = 3, where SPG's permutation rule takes
+    block 0 w.p. 2/3 (a permutation entry modulo 2)."""
+    d, lp, idx = _spg_draws(model, R=512, K=2, seed=3, rule=rule)  # 1,024 draws per sequence
     terms = token_terms(d, lp)
     exact = np.zeros((2, 5))
     for b in range(2):
         t = Table(model, b)
-        for prob, M, sp in spg_outcomes(t, 2):
-            for j, v in t.lp(M, sp).items():
-                exact[b, j] += prob * v / len(M)
+        nb, N = _blocks_of(t, 2)
+        for pc, (c,) in spg_block_law(nb, N, 1, rule):  # each draw's marginal block law
+            for prob, M, sp in spg_outcomes(t, 2, c):
+                for j, v in t.lp(M, sp).items():
+                    exact[b, j] += pc * prob * v / len(M)
     assert _z(terms, idx, exact).abs().max() < 4.5
     assert (terms[:, 4] == 0).all() and (terms[idx == 1][:, 3:] == 0).all()
 
 
-@pytest.mark.parametrize("K", [1, 2])
-def test_spg_eubo_mc_mean_equals_exact(model, K):
+@pytest.mark.parametrize("K,rule", [(1, "permutation"), (2, "permutation"), (2, "independent")])
+def test_spg_eubo_mc_mean_equals_exact(model, K, rule):
     beta = 1.5
-    d, lp, idx = _spg_draws(model, R=1024 // K, K=K, seed=4)
+    d, lp, idx = _spg_draws(model, R=1024 // K, K=K, seed=4, rule=rule)
     eubo = spg_eubo(d, lp, beta)  # [2R]
     for b in range(2):
         t = Table(model, b)
-        outs = spg_outcomes(t, 2)
         exact = 0.0
-        for combo in itertools.product(outs, repeat=K):  # the K draws are independent
-            prob = math.prod(o[0] for o in combo)
-            a = {}
-            for _, M, sp in combo:
-                lps = t.lp(M, sp)
-                for j in M:
-                    a[j] = a.get(j, 0.0) + math.exp(beta * lps[j]) / (len(M) / t.n) / K
-            exact += prob * sum(math.log(v) for v in a.values()) / len(a) / beta
+        for pc, cs in spg_block_law(*_blocks_of(t, 2), K, rule):  # the blocks jointly, then each draw given its block
+            for combo in itertools.product(*(spg_outcomes(t, 2, c) for c in cs)):
+                prob = pc * math.prod(o[0] for o in combo)
+                a = {}
+                for _, M, sp in combo:
+                    lps = t.lp(M, sp)
+                    for j in M:
+                        a[j] = a.get(j, 0.0) + math.exp(beta * lps[j]) / (len(M) / t.n) / K
+                exact += prob * sum(math.log(v) for v in a.values()) / len(a) / beta
         v = eubo[idx == b]
         z = (v.mean() - exact) / (v.std() / v.shape[0] ** 0.5)
         assert abs(float(z)) < 4, (b, float(v.mean()), exact)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_ais.config import PolicyLikelihoodConfig, Preset, SamplerConfig, TrainConfig, get_preset
+from dllm_ais.config import PolicyLikelihoodConfig, Preset, SamplerConfig, TrainConfig
 from dllm_ais.likelihood.mask_draws import _rows_logp, draw_logprobs, draw_stratified, token_terms
 from dllm_ais.likelihood.policy import POLICY_LIKELIHOODS, group_size_of, policy_likelihood
 from dllm_ais.likelihood.spg import spg_eubo
 from dllm_ais.models.tiny import init_weights, tiny_model
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.config import GRPOConfig
 from dllm_ais.rl.grpo import grpo_loss
 from dllm_ais.rl.spg import spg_loss
@@ -170,7 +171,7 @@ def test_spg_uses_elbo_for_positive_and_eubo_or_mixture_for_the_rest():
 
 
 def test_registry_levels_rows_and_groups():
-    assert set(POLICY_LIKELIHOODS) == {"elbo", "coupled", "spg"}
+    assert set(POLICY_LIKELIHOODS) == {"elbo", "coupled", "spg", "mdpo", "dtreerpo"}
     assert policy_likelihood("elbo").level == "sequence"
     assert policy_likelihood("elbo", PolicyLikelihoodConfig(elbo_ratio_level="token")).level == "token"
     assert policy_likelihood("coupled").level == "token" and policy_likelihood("coupled").rows_per_sequence == 3

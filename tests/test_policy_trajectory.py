@@ -13,7 +13,8 @@ import torch
 import dllm_ais.train.trainer as trainer_module
 from dllm_ais import metrics as M
 from dllm_ais.cli import main
-from dllm_ais.config import SamplerConfig, get_preset
+from dllm_ais.config import SamplerConfig
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.rollout_stats import commit_stats
 from dllm_ais.train.job import run_training
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dllm_ais.fp8 import FP8Linear, quantize_model, sync_weights
-from dllm_ais.models.qwen import (
+from dllm_ais.models.qwen.model import (
     QwenCheckpointError,
     load_qwen,
     load_qwen_tokenizer,

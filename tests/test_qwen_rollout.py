@@ -9,8 +9,8 @@ import torch
 
 from dllm_ais.fp8 import FP8Linear
 from dllm_ais.fp8 import linear as fp8_linear
-from dllm_ais.models.qwen import tiny_qwen, tiny_qwen_config
-from dllm_ais.models.qwen_rollout import QwenRollout, QwenShape, rollout_copy, supports, sync_qwen_rollout
+from dllm_ais.models.qwen.model import tiny_qwen, tiny_qwen_config
+from dllm_ais.models.qwen.rollout import QwenRollout, QwenShape, rollout_copy, supports, sync_qwen_rollout
 
 IDS = torch.tensor([[5, 17, 42, 99, 3, 60, 7, 8], [1, 1, 1, 20, 21, 22, 23, 24], [1, 9, 9, 9, 9, 9, 9, 9]])
 MASK = torch.tensor([[1] * 8, [0, 0, 0, 1, 1, 1, 1, 1], [0] + [1] * 7]).bool()
@@ -147,7 +147,7 @@ def test_supports_and_refusals():
 def test_trainer_uses_the_fused_copy_for_qwen3_fp8_and_keeps_it_synced(tmp_path):
     from dataclasses import replace
 
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
     from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-qwen")

@@ -15,7 +15,8 @@ import pytest
 
 from dllm_ais import metrics as M
 from dllm_ais.cli import build_parser, main
-from dllm_ais.config import TrainConfig, get_preset
+from dllm_ais.config import TrainConfig
+from dllm_ais.presets import get_preset
 from dllm_ais.rl.config import CorrectionConfig
 from dllm_ais.train.run_dir import RunDir
 

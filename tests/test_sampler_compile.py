@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dllm_ais.config import SamplerConfig
-from dllm_ais.fp8.fused_llada import build_fused_llada
+from dllm_ais.models.llada.fused_fp8 import build_fused_llada
 from dllm_ais.models.tiny import tiny_model
 from dllm_ais.samplers import diffusion
 

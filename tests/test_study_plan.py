@@ -120,7 +120,7 @@ def test_the_committed_plan_parses_and_preregisters_the_issue_comparisons():
     assert [a.name for a in study_plan.arms(plan)][0] == "bf16" and len(study_plan.arms(plan)) == 7
     assert {c["name"] for c in study_plan.comparisons(plan)} == {
         f"{kind}:{s}" for kind in ("harm", "benefit", "equivalence") for s in ("mxfp4-fast", "fp8-fast")}
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     assert get_preset(plan.config.preset).train.sft_steps > 0
 

@@ -88,10 +88,11 @@ def test_default_sft_puts_eos_where_the_reference_does():
     import torch
 
     from dllm_ais.analysis.evaluate import eval_sampler
-    from dllm_ais.config import get_preset
+    from dllm_ais.models.llada.backend import build_backend as _llada_backend
     from dllm_ais.models.load import encode_prompts
     from dllm_ais.models.tiny import tiny_model, tiny_tokenizer
-    from dllm_ais.train.job import _llada_backend, _sft_pairs
+    from dllm_ais.presets import get_preset
+    from dllm_ais.train.job import _sft_pairs
     from dllm_ais.train.sft import warm_up
 
     preset = get_preset("tiny-cpu")

@@ -13,7 +13,8 @@ import dllm_ais.likelihood.trajectory as trajectory
 import dllm_ais.samplers.diffusion as diffusion
 from dllm_ais import metrics as M
 from dllm_ais.cli import main
-from dllm_ais.config import SamplerConfig, get_preset
+from dllm_ais.config import SamplerConfig
+from dllm_ais.presets import get_preset
 from dllm_ais.train.job import run_training
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dllm_ais.config import SamplerConfig, TrainConfig, get_preset
+from dllm_ais.config import SamplerConfig, TrainConfig
 from dllm_ais.likelihood.logprobs import proposal_logprobs
 from dllm_ais.likelihood.trajectory import (
     merge_commit_steps,
@@ -19,6 +19,7 @@ from dllm_ais.likelihood.trajectory import (
     rollout_token_logp,
 )
 from dllm_ais.models.tiny import tiny_model
+from dllm_ais.presets import get_preset
 from dllm_ais.samplers.diffusion import diffusion_sample
 from dllm_ais.train.backend import DiffusionBackend
 

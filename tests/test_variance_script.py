@@ -64,3 +64,32 @@ def test_runs_as_a_plain_script():
 def test_rejects_unknown_estimator(variance, tmp_path):
     with pytest.raises(SystemExit):
         variance.main(["--smoke", "--estimators", "bogus", "--out", str(tmp_path)])
+
+
+def test_a_dream_checkpoint_is_read_as_a_dream_and_sampled_by_dreams_sampler(tmp_path):
+    """--model DIR of a Dream: its family from config.json, and the Dream sampler's rollouts of its FP8 copy (a LLaDA
+    sampler on a Dream would ignore its shift)."""
+    import argparse
+
+    import torch
+
+    from dllm_ais.analysis.variance_cli import load_models, sample_sequences
+    from dllm_ais.families import get_family
+    from dllm_ais.models.dream.backend import DreamBackend
+    from dllm_ais.models.tiny import tiny_dream_model, tiny_tokenizer
+
+    ckpt = tmp_path / "dream"
+    get_family("dream").save(tiny_dream_model(seed=0), tiny_tokenizer(), ckpt)
+    args = argparse.Namespace(model=str(ckpt), dtype="float32", device="cpu", seed=0, fp8_backend="torch",
+                              num_sequences=2, gen_length=4, steps=None, temperature=1.0)
+    model, fp8, tokenizer, _ = load_models(args)
+    assert type(fp8).__name__ == "FusedDream" and model.config.model_type == "Dream"
+    sampled = []
+    sample = DreamBackend.sample
+    DreamBackend.sample = lambda self, *a, **k: sampled.append(self) or sample(self, *a, **k)
+    try:
+        _, _, completion, mask = sample_sequences(args, fp8, tokenizer, smoke=False)
+    finally:
+        DreamBackend.sample = sample
+    assert len(sampled) == 1 and completion.shape == (2, 4) and bool(mask[:, 0].all())
+    assert not bool((completion == torch.tensor(model.config.mask_token_id)).any())

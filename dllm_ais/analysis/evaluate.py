@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.config import CACHE_MODES, PRESETS, Preset, SamplerConfig, get_preset, override
+from dllm_ais.config import CACHE_MODES, Preset, SamplerConfig, override
+from dllm_ais.presets import PRESETS, get_preset
 from dllm_ais.progress import progress_bar
 from dllm_ais.tasks import d1
 
@@ -103,9 +104,9 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
     """
     import torch
 
+    from dllm_ais.families import get_family
     from dllm_ais.models.load import encode_prompts
     from dllm_ais.tasks.registry import get_task
-    from dllm_ais.train.job import family as model_family
 
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1.")
@@ -115,13 +116,13 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         raise ValueError(e.args[0]) from None
     check_protocol(protocol, task_name)
     sampler = replace(sampler, temperature=temperature)
-    if family == "dream" and sampler.cache == "none":  # Dream's own generate has one block (d1's blocks are LLaDA's)
+    if get_family(family).one_block_uncached and sampler.cache == "none":  # Dream's own generate has one block
         sampler = replace(sampler, block_length=sampler.gen_length)
     rows = _load_rows(task, split, data_path, limit, seed, task_config)
     prompts = [r["prompt"] for r in rows] if protocol == "strict" else [d1.user_prompt(task_name, r) for r in rows]
     prefix = d1.ASSISTANT_PREFIX if protocol == "d1" else ""
     device = next(model.parameters()).device
-    backend = model_family(family).backend(sampler, model, tokenizer)
+    backend = get_family(family).backend(sampler, model, tokenizer)
     was_training = model.training
     model.eval()
     completions: list[str] = []
@@ -318,7 +319,8 @@ class EvalModel(NamedTuple):
 
 def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
     """The tokenizer saved beside the weights; else the preset's model's (the tiny tokenizer when it has no path)."""
-    from dllm_ais.models.load import load_tokenizer, resolve_checkpoint_dir
+    from dllm_ais.models.hub import resolve_checkpoint_dir
+    from dllm_ais.models.load import load_tokenizer
     from dllm_ais.models.tiny import tiny_tokenizer
 
     if model_dir is not None and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
@@ -330,7 +332,9 @@ def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = model.config.pad_token_id
-    if getattr(model.config, "model_type", None) == "llada":
+    from dllm_ais.families import get_family
+
+    if get_family(preset.model.family).diffusion:  # as the family's load does (LLaDA, Dream): BOS / EoT ids
         from dllm_ais.models.load import fill_token_ids_from_tokenizer
 
         fill_token_ids_from_tokenizer(model.config, tokenizer)
@@ -340,9 +344,9 @@ def _tokenizer_for(model_dir: Path | None, preset: Preset, model):
 def _load_dir(model_dir: Path, preset: Preset):
     import torch
 
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family
 
-    load_dir = family(preset.model.family).load_dir
+    load_dir = get_family(preset.model.family).load_dir
     model = load_dir(model_dir, dtype=getattr(torch, preset.model.dtype), device=preset.model.device)
     return model, _tokenizer_for(model_dir, preset, model)
 
@@ -378,7 +382,8 @@ def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path 
               hash_check: bool = True) -> EvalModel:
     """A training run's checkpoint (`ckpt`, default its latest), verified against its manifest: model/ directly, or
     the run's base model + adapter/ merged."""
-    from dllm_ais.train.job import SFT_DIR, family
+    from dllm_ais.families import get_family
+    from dllm_ais.train.job import SFT_DIR
     from dllm_ais.train.run_dir import RunDir, read_run_config
 
     run = RunDir(run_path)
@@ -403,7 +408,7 @@ def _load_run(run_path: Path, device: str | None, dtype: str | None, ckpt: Path 
                 raise FileNotFoundError(f"--run {run_path}: LoRA run with SFT warm-up, but its base {sft} is missing.")
             model, tokenizer = _load_dir(sft, preset)
         else:
-            model, tokenizer = family(preset.model.family).load(preset.model)
+            model, tokenizer = get_family(preset.model.family).load(preset.model)
         model = PeftModel.from_pretrained(model, str(ckpt / "adapter")).merge_and_unload().eval()
     else:
         raise FileNotFoundError(f"--run {run_path}: checkpoint {ckpt.name} has neither model/ nor adapter/.")
@@ -436,11 +441,11 @@ def load_for_eval(model_dir: str | os.PathLike | None = None, run_dir: str | os.
     preset = get_preset(preset or "tiny-cpu") if not isinstance(preset, Preset) else preset
     preset = replace(preset, model=override(preset.model, device=device, dtype=dtype))
     if model_dir is None:
-        from dllm_ais.train.job import family
+        from dllm_ais.families import get_family
 
-        model, tokenizer = family(preset.model.family).load(preset.model)
+        model, tokenizer = get_family(preset.model.family).load(preset.model)
         return EvalModel(model, tokenizer, preset, preset.model.path or f"tiny (seed {preset.model.seed})")
-    from dllm_ais.models.load import resolve_checkpoint_dir
+    from dllm_ais.models.hub import resolve_checkpoint_dir
 
     directory = resolve_checkpoint_dir(str(model_dir))
     model, tokenizer = _load_dir(directory, preset)
@@ -559,7 +564,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         samplers = [d1_sampler(L or preset.sampler.gen_length) for L in lengths]
     else:
         samplers = [eval_sampler(preset, L) for L in lengths]
-    if preset.model.family == "qwen" and (args.cache not in (None, "none") or args.threshold is not None):
+    from dllm_ais.families import get_family
+
+    fast = args.cache not in (None, "none") or args.threshold is not None
+    if fast and not get_family(preset.model.family).diffusion:
         raise ValueError("--cache/--threshold apply to diffusion (LLaDA, Dream) models only; drop them for this model.")
     samplers = [override(s, cache=args.cache, threshold=args.threshold) for s in samplers]  # None: unchanged
     results = []

@@ -39,6 +39,7 @@ from dllm_ais.analysis.exact_simulate import (
     rule_lambdas,
 )
 from dllm_ais.analysis.exact_surrogates import surrogate_gradients
+from dllm_ais.families import get_family
 from dllm_ais.rl.config import CorrectionConfig
 
 
@@ -169,7 +170,7 @@ class Context:
 
     def model(self, spec: RegimeSpec):
         """The master at the regime's checkpoint (loaded in place)."""
-        ck = self.cfg.qwen_checkpoint if spec.family == "qwen" else spec.checkpoint
+        ck = spec.checkpoint if get_family(spec.family).diffusion else self.cfg.qwen_checkpoint  # the AR testbed's
         m = self.models[spec.family]
         m.load_state_dict(self.states[spec.family][ck])
         return m.eval()
@@ -177,7 +178,7 @@ class Context:
     def distribution(self, model, spec: RegimeSpec, rule: str = "low_confidence") -> torch.Tensor:
         """[n, Y] exact sampler distribution of `model` for the regime's family and length (differentiable)."""
         V, L = self.cfg.testbed.vocab, spec.gen_length
-        if spec.family == "qwen":
+        if not get_family(spec.family).diffusion:
             return ar_distribution(model, self.prompts, V, L)
         thr = self.cfg.threshold if rule == "threshold" else None
         return diffusion_distribution(model, self.prompts, V, L, self.cfg.testbed.mask_id, rule, threshold=thr)

@@ -117,7 +117,7 @@ def make_dream(cfg: TestbedConfig):
 
 def make_qwen(cfg: TestbedConfig):
     """The tiny Qwen3 over the V_c content tokens only (no BOS: the prompt's first token starts the sequence)."""
-    from dllm_ais.models.qwen import tiny_qwen
+    from dllm_ais.models.qwen.model import tiny_qwen
 
     return tiny_qwen(seed=cfg.seed, vocab_size=cfg.vocab, hidden_size=cfg.d_model, intermediate_size=cfg.mlp,
                      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,

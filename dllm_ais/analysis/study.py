@@ -136,7 +136,7 @@ SMOKE = StudyConfig(seeds=(0, 1), steps=3, sft_steps=3, prompts_per_step=2, num_
 
 def study_preset(cfg: StudyConfig, seed: int, arm: Arm | None = None):
     """The base preset with the study's overrides, the seed (model init and training) and the arm's settings."""
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     p = get_preset(cfg.preset)
     train = {k: v for k, v in dict(steps=cfg.steps, sft_steps=cfg.sft_steps, prompts_per_step=cfg.prompts_per_step,

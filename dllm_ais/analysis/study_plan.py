@@ -159,7 +159,7 @@ def load_plan(path: str | Path) -> Plan:
         cfg = study.StudyConfig(preset=head["preset"], seeds=seeds, **{**unset, **settings})
     except KeyError as e:
         raise ValueError(f"{path}: [plan] needs {e.args[0]!r}.") from None
-    from dllm_ais.config import get_preset
+    from dllm_ais.presets import get_preset
 
     get_preset(cfg.preset)  # unknown preset: the error lists the known ones
     prim = doc.get("primary_metric", {})
@@ -311,7 +311,7 @@ def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
     path = study.sft_dir(work, seed) / "sft_scores.json"
     if path.is_file():
         return json.loads(path.read_text())
-    from dllm_ais.train.job import family
+    from dllm_ais.families import get_family as family
 
     cache = study.warm_start(plan.config, work, seed)
     preset = study.study_preset(plan.config, seed)

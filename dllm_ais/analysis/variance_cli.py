@@ -46,7 +46,8 @@ CSV_COLUMNS = ("estimator", "K", "forward_passes", "rows_per_sequence", "std_log
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dllm-ais variance", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="local LLaDA checkpoint directory (default: the tiny built-in model)")
+    p.add_argument("--model", default=None, help="local checkpoint directory of a diffusion family (LLaDA, Dream; the "
+                   "family is read from its config.json; default: the tiny built-in LLaDA)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="trainer copy dtype")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--fp8-backend", default="torch", help="quantize_model backend (torch, triton, scaled_mm, torchao)")
@@ -75,11 +76,16 @@ def load_models(args):
     import torch
 
     from dllm_ais.config import ModelConfig
-    from dllm_ais.models.load import load_model_and_tokenizer
+    from dllm_ais.families import get_family
+    from dllm_ais.models.load import detect_family
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model_and_tokenizer(ModelConfig(path=args.model, dtype=args.dtype, device=device,
-                                                            seed=args.seed))
+    family = "llada" if args.model is None else detect_family(args.model)
+    if not get_family(family).diffusion:
+        raise ValueError(f"--model {args.model}: a {get_family(family).title} (autoregressive) checkpoint; `dllm-ais "
+                         "variance` measures the diffusion likelihood estimators: pass a LLaDA or Dream directory.")
+    model, tokenizer = get_family(family).load(ModelConfig(family=family, path=args.model, dtype=args.dtype,
+                                                           device=device, seed=args.seed))
     try:
         from dllm_ais.fp8.quantize import quantize_model
     except ImportError:
@@ -109,8 +115,8 @@ def sample_sequences(args, model_b, tokenizer, smoke: bool):
     import torch
 
     from dllm_ais.config import SamplerConfig
-    from dllm_ais.models.load import encode_prompts, stop_token_ids
-    from dllm_ais.samplers.diffusion import diffusion_sample
+    from dllm_ais.families import family_of_model
+    from dllm_ais.models.load import encode_prompts
 
     prompts = TINY_PROMPTS if args.model is None else LLADA_PROMPTS
     prompts = prompts[:args.num_sequences or (2 if smoke else len(prompts))]
@@ -119,7 +125,8 @@ def sample_sequences(args, model_b, tokenizer, smoke: bool):
     device = next(model_b.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, chat=args.model is not None, device=device)
     g = torch.Generator(device=device).manual_seed(args.seed)
-    r = diffusion_sample(model_b, ids, mask, cfg, model_b.config.mask_token_id, stop_token_ids(model_b), generator=g)
+    backend = family_of_model(model_b).backend(cfg, model_b, tokenizer)  # the family's own sampler (Dream's, LLaDA's)
+    r = backend.sample(model_b, ids, mask, g)
     return r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask
 
 

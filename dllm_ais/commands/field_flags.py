@@ -36,10 +36,14 @@ FIELD_FLAGS = {
     "TrainConfig.trajectory_merge": "--trajectory-merge",
     "PolicyLikelihoodConfig.elbo_draws": "--elbo-draws", "PolicyLikelihoodConfig.elbo_scheme": "--elbo-scheme",
     "PolicyLikelihoodConfig.elbo_ratio_level": "--elbo-ratio-level", "PolicyLikelihoodConfig.spg_beta": "--spg-beta",
-    "PolicyLikelihoodConfig.spg_mix": "--spg-mix",
+    "PolicyLikelihoodConfig.spg_mix": "--spg-mix", "PolicyLikelihoodConfig.mdpo_steps": "--mdpo-steps",
+    "PolicyLikelihoodConfig.mdpo_confidence": "--mdpo-confidence",
+    "PolicyLikelihoodConfig.dtreerpo_segments": "--dtreerpo-segments",
     "TrainConfig.mismatch_estimator": "--mismatch-estimator", "TrainConfig.trajectory_steps": "--trajectory-steps",
     "TrainConfig.policy_logprob": "--policy-logprob", "TrainConfig.trajectory_selection": "--trajectory-selection",
-    "SamplerConfig.max_commit_per_step": "--max-commit-per-step",
+    "SamplerConfig.max_commit_per_step": "--max-commit-per-step", "SamplerConfig.dream_alg": "--dream-alg",
+    "SamplerConfig.dream_alg_temp": "--dream-alg-temp",
+    "SamplerConfig.sdar_strategy": "--sdar-strategy", "SamplerConfig.sdar_threshold": "--sdar-threshold",
     "TrainConfig.save_every_minutes": "--save-every-minutes", "TrainConfig.keep_checkpoints": "--keep-checkpoints",
 }
 """Config fields that have a flag: errors name the flag the user typed, not the dataclass field."""

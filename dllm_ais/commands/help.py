@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from dllm_ais.commands.field_flags import flags_of
-from dllm_ais.config import get_preset
+from dllm_ais.presets import get_preset
 
 DEFAULT_PRESET = "tiny-cpu"
 """The preset used when --preset is not given (train, sample, eval)."""

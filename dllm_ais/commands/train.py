@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dllm_ais.commands.common_args import add_model_args
+from dllm_ais.commands.common_args import add_model_args, family_titles
 from dllm_ais.commands.field_flags import typed_flags
 from dllm_ais.commands.help import DEFAULT_PRESET, HelpFormatter, move_to_group, show_preset_defaults
 from dllm_ais.commands.train_args import add_correction_args, add_fast_rollout_args, add_likelihood_args
@@ -24,6 +24,14 @@ def default_run_dir(preset_name: str, now: float | None = None, pid: int | None 
     return f"runs/{preset_name}-{stamp}-{pid}"
 
 
+def newest_runs(root: str, n: int = 3) -> str:
+    """'; the newest under runs/: a, b, c' (by config.json's time), or '' when there are none."""
+    from pathlib import Path
+
+    runs = sorted((p.parent for p in Path(root).glob("*/config.json")), key=lambda p: p.stat().st_mtime, reverse=True)
+    return f"; the newest under {root}/: {', '.join(str(p) for p in runs[:n])}" if runs else ""
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import math
     import time
@@ -32,6 +40,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     typed = typed_flags(args)
     preset = train_preset(args)  # flags and config validation first: no heavy import yet
+    if args.resume and args.out is None:
+        raise ValueError(f"--resume continues a run: add --out RUN, the run's directory{newest_runs('runs')}.")
     out = args.out or default_run_dir(preset.name)
     preflight_train(preset, out, args.resume)
     if args.resume:
@@ -67,7 +77,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     first = sum(r[REWARD_MEAN] for r in rows[:q]) / q if rows else float("nan")
     last = sum(r[REWARD_MEAN] for r in rows[-q:]) / q if rows else float("nan")
     total = f" ({len(all_rows)} in the run)" if done_before else ""
-    print(f"run {out}: {len(new)} steps in {seconds:.0f} s{total}; reward/mean first quarter {first:.3f} -> last "
+    print(f"run {out} ({preset.objective}, policy likelihood {preset.train.policy_logprob}): "
+          f"{len(new)} step{'s' * (len(new) != 1)} in {seconds:.0f} s{total}; reward/mean first quarter "
+          f"{first:.3f} -> last "
           f"quarter {last:.3f}")
     return 0
 
@@ -75,13 +87,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def add_train_parser(sub) -> argparse.ArgumentParser:
     """The `train` subparser: model, data and reward, rollout, correction, GRPO and run flags (a new flag goes in
     the group it belongs to; the correction and rollout groups are filled in commands/train_args.py)."""
-    from dllm_ais.config import TRACKERS, get_preset
+    from dllm_ais.config import TRACKERS
+    from dllm_ais.presets import get_preset
     from dllm_ais.train.run_dir import add_hash_check_argument
 
     tiny = get_preset(DEFAULT_PRESET)
     p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)",
                        formatter_class=HelpFormatter,
-                       description="GRPO training of a diffusion (LLaDA) or autoregressive (Qwen) model with FP8 "
+                       description=f"GRPO training of a diffusion ({family_titles(diffusion_only=True)}) or "
+                                   "autoregressive (Qwen) model with FP8 "
                                    "rollouts and an importance-sampling correction (default AIS). Without flags it "
                                    f"trains the tiny built-in LLaDA on the {tiny.train.task} task on CPU: an SFT "
                                    f"warm-up of {tiny.train.sft_steps} steps, then {tiny.train.steps} GRPO steps; the "
@@ -109,8 +123,8 @@ def add_train_parser(sub) -> argparse.ArgumentParser:
     rollout.add_argument("--fp4-format", default=None, choices=["nvfp4", "mxfp4"], help="FP4 format of "
                          "--rollout-precision fp4 (emulated: no speedup without Blackwell FP4 tensor cores)")
     add_fast_rollout_args(rollout)
-    add_likelihood_args(p.add_argument_group("policy likelihood (--policy-logprob elbo | coupled | spg; "
-                                             "docs/likelihoods.md)"))
+    add_likelihood_args(p.add_argument_group("policy likelihood (--policy-logprob elbo | coupled | spg | mdpo | "
+                                             "dtreerpo; docs/likelihoods.md)"))
     add_correction_args(p.add_argument_group("correction (docs/corrections.md)"))
     grpo = p.add_argument_group("GRPO")
     grpo.add_argument("--steps", type=int, default=None, help="GRPO steps (each: rollouts, rewards, updates, sync)")

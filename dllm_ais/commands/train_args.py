@@ -65,10 +65,11 @@ def add_correction_args(p: argparse.ArgumentParser) -> None:
 
 def add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
     """`train`: Fast-dLLM rollouts (KV cache, threshold decoding) and the mismatch estimator that can see them."""
-    from dllm_ais.commands.common_args import add_fast_sampler_args
+    from dllm_ais.commands.common_args import add_dream_args, add_fast_sampler_args
     from dllm_ais.config import MISMATCH_ESTIMATORS, POLICY_LOGPROBS
 
     add_fast_sampler_args(p, needs=" (needs --mismatch-estimator trajectory)")
+    add_dream_args(p)
     p.add_argument("--mismatch-estimator", default=None, choices=MISMATCH_ESTIMATORS,
                    help="diffusion log-ratio: elbo (coupled MC-ELBO, default) or trajectory (replay of the "
                    "recorded denoising canvases under pi_old; sees --cache/--threshold)")
@@ -77,8 +78,10 @@ def add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
                    "default all)")
     p.add_argument("--policy-logprob", default=None, choices=POLICY_LOGPROBS, help="log pi of the GRPO ratio and KL: "
                    "one_step (d1), trajectory (the sampled denoising path replayed under theta, cache included), "
-                   "elbo (sequence ELBO: VRPO / ESPO / GDPO), coupled (DiffuCoder) or spg (SPG's ELBO/EUBO bounds "
-                   "with its own loss: no ratio, no clip, beta 0)")
+                   "elbo (sequence ELBO: VRPO / ESPO / GDPO), coupled (DiffuCoder), spg (SPG's ELBO/EUBO bounds "
+                   "with its own loss: no ratio, no clip, beta 0), mdpo (MDPO: the rollout's canvases x_t, every "
+                   "masked token, lambda_t- and confidence-weighted) or dtreerpo (d-TreeRPO: each segment's tokens "
+                   "at the segment's first canvas)")
     p.add_argument("--trajectory-selection", default=None, choices=["on", "off"], help="add the selection term")
     p.add_argument("--trajectory-merge", type=int, default=None, metavar="N",
                    help="trajectory policy likelihood: score N consecutive recorded steps in one forward from the "
@@ -86,7 +89,7 @@ def add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_likelihood_args(p: argparse.ArgumentParser) -> None:
-    """`train`: settings of the mask-draw policy likelihoods (--policy-logprob elbo | coupled | spg;
+    """`train`: settings of the mask-draw policy likelihoods (--policy-logprob elbo | coupled | spg | mdpo | dtreerpo;
     docs/likelihoods.md)."""
     from dllm_ais.config import ELBO_SCHEMES, RATIO_LEVELS
 
@@ -98,8 +101,17 @@ def add_likelihood_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--elbo-ratio-level", default=None, choices=RATIO_LEVELS,
                    help="elbo: sequence ratio exp((ELBO - ELBO_old) / L) (ESPO/GDPO) or per-token terms")
     p.add_argument("--spg-beta", type=float, default=None, metavar="B",
-                   help="spg: the EUBO's exponent (SPG: 1.5); spg trains on its own loss (no ratio, no clip, beta 0)")
+                   help="spg: the EUBO's exponent (SPG: 1.5); spg trains on its own loss (no ratio, no clip) and sets "
+                   "--beta to 0 (no KL term; another --beta is refused)")
     p.add_argument("--spg-mix", type=float, default=None, metavar="W",
                    help="spg: non-positive advantages use W*EUBO + (1 - W)*ELBO (SPG's mixture: 0.5; default EUBO)")
+    p.add_argument("--mdpo-steps", type=int, default=None, metavar="K",
+                   help="mdpo: canvases x_t of the rollout scored per sequence (MDPO's sample_train_steps: 16; forward "
+                   "rows per sequence at most)")
+    p.add_argument("--mdpo-confidence", default=None, choices=["on", "off"],
+                   help="mdpo: weight each token by the probability the sampler committed it with (default on)")
+    p.add_argument("--dtreerpo-segments", type=int, default=None, metavar="S",
+                   help="dtreerpo: segments of the rollout's steps, cut at int(k*T/S) (d-TreeRPO's branch points; "
+                   "default 2); one forward row per segment")
     p.add_argument("--max-commit-per-step", type=int, default=None, metavar="N", help="threshold decoding: commit "
                    "at most N tokens per step (needs --threshold)")

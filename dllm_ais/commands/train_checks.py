@@ -21,6 +21,10 @@ def preflight_train(preset, out: str, resume: bool) -> None:
     if not resume and holds_run:
         raise FileExistsError(f"--out {run} already holds a run; pass --resume to continue it, or choose another "
                               "--out.")
+    if not resume and run.is_dir() and (others := sorted(p.name for p in run.iterdir())):
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise FileExistsError(f"--out {run}: a directory that holds other files ({shown}), not a run; a new run needs "
+                              "a new or empty directory: choose another --out.")
     if resume:
         return  # the run's own config.json decides the rest
     from dllm_ais.tasks.loading import local_format
@@ -35,14 +39,71 @@ def preflight_train(preset, out: str, resume: bool) -> None:
         check_data_path(data)
         if local_format(data) == "json":
             task.load("train", data_path=data, limit=1)  # reads and checks every line of the file
-    path = preset.model.path
-    if path is not None:
-        local = Path(path).expanduser()
-        if local.exists() or path.startswith((".", "/", "~")):
-            if not local.is_dir():
-                raise FileNotFoundError(f"--model {path}: not a checkpoint directory.")
-            if not (local / "config.json").is_file():
-                raise FileNotFoundError(f"--model {path}: no config.json, so not a checkpoint directory.")
+    if preset.model.path is not None:
+        check_model_dir(preset.model.path, preset.model.family)
+    quick_device_checks(preset)
+
+
+def check_model_dir(path: str, family: str) -> None:
+    """--model names a checkpoint directory (a hub id is fetched here, once) whose config.json is a JSON object naming
+    the preset's family; one line otherwise. No torch: the weights' shapes are checked later, still before any write
+    (the family's check_source)."""
+    from dllm_ais.families import family_of_config
+    from dllm_ais.models.hub import read_json_object, resolve_checkpoint_dir
+
+    directory = resolve_checkpoint_dir(path)
+    cfg_file = directory / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"--model {path}: no config.json, so not a checkpoint directory.")
+    data = read_json_object(cfg_file)
+    found = family_of_config(data)
+    if found is None:
+        from dllm_ais.families import FAMILIES
+
+        known = sorted({t for f in FAMILIES.values() for t in f.model_types})
+        raise ValueError(f"{cfg_file}: unknown model family (model_type {data.get('model_type')!r}, architectures "
+                         f"{data.get('architectures') or []}); supported model_type: {', '.join(known)}.")
+    if found.name != family:
+        from dllm_ais.presets import PRESETS
+
+        presets = [name for name, p in PRESETS.items() if p.model.family == found.name]
+        raise ValueError(f"--model {path}: config.json holds a {found.title} model but the preset's family is "
+                         f"{family!r}; pick one of its presets with --preset ({', '.join(presets)}).")
+
+
+CPU_FP8_REFUSALS = {
+    "triton": ("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before dllm_ais.fp8.kernels is first "
+               "imported (slow; meant for tests)"),
+    "cublas": "cuBLAS's blockwise FP8 GEMM needs a CUDA GPU with compute capability >= 9.0",
+    "torchao": "torchao's blockwise FP8 GEMM is a CUDA kernel (needs a GPU with compute capability >= 8.9)",
+}
+"""FP8 backends that cannot run on the CPU, and why (fp8/backends.py's exact checks say the same once torch is in)."""
+
+
+def quick_device_checks(preset) -> None:
+    """The --device and --fp8-backend refusals that need no torch import (the exact checks run later, with torch):
+    a CUDA device with a CPU-only torch build (its version ends in +cpu), and an FP8 backend that cannot run on the
+    CPU."""
+    import importlib.metadata
+    import os
+
+    device = preset.model.device
+    if device.startswith("cuda"):
+        try:
+            version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            version = ""
+        if version.endswith("+cpu"):
+            raise RuntimeError(f"--device {device}: torch sees no CUDA device here (torch {version}); use --device "
+                               "cpu, or a machine with a GPU and a CUDA build of torch.")
+    backend = preset.train.fp8_backend
+    fp8 = preset.train.rollout_precision == "fp8" or preset.correction.train_forward == "aligned"
+    why = CPU_FP8_REFUSALS.get(backend) if fp8 and device == "cpu" else None
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
+        why = None
+    if why is not None:
+        raise ValueError(f"--fp8-backend {backend}: FP8 backend {backend!r} cannot run on cpu: {why}. Use "
+                         "--fp8-backend torch (or auto) on the CPU.")
 
 
 def check_data_path(data: str) -> None:

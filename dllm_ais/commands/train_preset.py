@@ -7,7 +7,8 @@ import argparse
 
 from dllm_ais.commands.field_flags import FIELD_FLAGS
 from dllm_ais.commands.help import DEFAULT_PRESET
-from dllm_ais.config import get_preset, override
+from dllm_ais.config import override
+from dllm_ais.presets import get_preset
 
 
 def _floats(flag: str, value: str | None) -> list[float] | None:
@@ -41,10 +42,15 @@ def train_preset(args: argparse.Namespace, base=None):
                          None if args.trajectory_selection is None else args.trajectory_selection == "on"),
                      likelihood=override(train.likelihood, elbo_draws=args.elbo_draws, elbo_scheme=args.elbo_scheme,
                                          elbo_ratio_level=args.elbo_ratio_level, spg_beta=args.spg_beta,
-                                         spg_mix=args.spg_mix))
+                                         spg_mix=args.spg_mix, mdpo_steps=args.mdpo_steps,
+                                         mdpo_confidence=(None if args.mdpo_confidence is None
+                                                          else args.mdpo_confidence == "on"),
+                                         dtreerpo_segments=args.dtreerpo_segments))
     return replace(preset, model=override(preset.model, path=args.model, device=args.device, dtype=args.dtype),
                    sampler=override(preset.sampler, cache=args.cache, threshold=args.threshold,
-                                    max_commit_per_step=args.max_commit_per_step, cuda_graphs=args.cuda_graphs),
+                                    max_commit_per_step=args.max_commit_per_step, cuda_graphs=args.cuda_graphs,
+                                    dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp,
+                                    sdar_strategy=args.sdar_strategy, sdar_threshold=args.sdar_threshold),
                    train=train, **_correction_overrides(args, preset))
 
 
@@ -75,9 +81,16 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
         if args.is_cap is not None:
             raise ValueError("--no-is-cap and --is-cap contradict each other; pass one.")
         correction = replace(correction, is_cap=None)
+    beta = args.beta
+    if beta is None and (args.policy_logprob or preset.train.policy_logprob) == "spg" and preset.grpo.beta != 0:
+        import sys
+
+        beta = 0.0  # SPG's loss has no KL term: the preset's β goes, and the run says so
+        print(f"--policy-logprob spg: β set to 0 (the preset's {preset.grpo.beta}; SPG trains without a KL term)",
+              file=sys.stderr)
     grpo = override(preset.grpo, loss_type=args.loss_type, dual_clip=args.dual_clip, error_ngram=args.error_ngram,
                     error_mask_threshold=args.mask_error_completions, clip_ratio_c=args.clip_ratio_c,
-                    epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask, beta=args.beta)
+                    epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask, beta=beta)
     return {"correction": correction, "grpo": grpo}
 
 

@@ -1,9 +1,10 @@
 """Blockwise FP8 (e4m3) rollouts: reference quantisation (quant), GEMM backends (backends), FP8Linear (linear), the
-model walker (walker), the rollout copy (quantize: quantize_model; fused_llada for LLaDA) and its weight sync (sync).
+model walker (walker), the rollout copy (quantize: quantize_model; a family's fused copy, e.g.
+models/llada/fused_fp8.py, through its registry record) and its weight sync (sync, fused_sync).
 
-Layers import downward only: quant <- kernels, producer_kernels <- ops <- backends <- walker, linear <- fused_llada
-<- quantize, sync. The Triton kernels live in `dllm_ais.fp8.kernels` and are imported only when a Triton path runs,
-so importing this package never imports Triton.
+Layers import downward only: quant <- kernels, producer_kernels <- ops <- backends <- walker, linear <- fused_sync
+<- (a family's fused_fp8.py) <- quantize, sync. The Triton kernels live in `dllm_ais.fp8.kernels` and are imported
+only when a Triton path runs, so importing this package never imports Triton.
 """
 
 from __future__ import annotations

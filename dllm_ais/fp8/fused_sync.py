@@ -1,4 +1,4 @@
-"""The one-pass weight sync of a fused rollout copy (fp8/fused_llada.py): master -> rollout after every optimizer
+"""The one-pass weight sync of a fused rollout copy (models/llada/fused_fp8.py): master -> rollout after every optimizer
 step, with everything that does not change between steps worked out once.
 
 A SyncPlan is built on the first sync of a (master, rollout) pair and kept (weakly, per rollout):
@@ -10,7 +10,7 @@ A SyncPlan is built on the first sync of a (master, rollout) pair and kept (weak
     of LLaDA-8B in one group, or — for a LoRA master, whose merged weights are fresh tensors — one group per block,
     so at most one block's merged weights exist at a time. Otherwise (BF16 copy, row scheme, CPU without the
     interpreter) each weight goes through `load_rows` as before (GROUPED_DEVICES).
-Numbers are exactly those of the per-tensor sync (fused_llada.sync_per_tensor): tests/test_fp8_fused_sync.py.
+Numbers are exactly those of the per-tensor sync (the fused copy's sync_per_tensor): tests/test_fp8_fused_sync.py.
 """
 
 from __future__ import annotations
@@ -22,11 +22,32 @@ import torch
 from torch import nn
 
 from . import backends
-from .linear import FP8Linear
+from .linear import QUANTIZE_INTO, FP8Linear
 from .quant import BLOCK, num_blocks
 from .walker import canonical_name, effective_weight, is_lora_layer, linear_layers, named_tensors
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rollout -> SyncPlan
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= n (fused buffers pad each part to whole 128-row blocks)."""
+    return -(-n // multiple) * multiple
+
+
+@torch.no_grad()
+def load_rows(layer: nn.Module, offset: int, weight: torch.Tensor) -> None:
+    """Write weight [n, K] into rows offset:offset+n of a fused linear, in place (FP8: requantised into the slices of
+    the codes and scales, which is a fresh quantisation because offset is a multiple of 128)."""
+    n = weight.shape[0]
+    if not isinstance(layer, FP8Linear):
+        layer.weight[offset:offset + n].copy_(weight)
+        return
+    if layer.scheme == "block":
+        scales = layer.weight_scale[offset // BLOCK:round_up(offset + n, BLOCK) // BLOCK]
+    else:
+        scales = layer.weight_scale[offset:offset + n]
+    QUANTIZE_INTO[layer.scheme](weight.detach().to(layer.weight_q.device), layer.weight_q[offset:offset + n],
+                                scales)
+
+
 GROUPED_DEVICES = {"cuda"}
 """Device types whose syncs use the grouped Triton quantiser (CPU runs it only under the interpreter, slowly: tests
 add "cpu"; the per-tensor CPU path is the torch reference, bit-identical)."""
@@ -62,7 +83,7 @@ def _grouped_ok(layer: nn.Module) -> bool:
 class SyncPlan:
     """What one sync of `master` into a fused rollout does, resolved once. `copies`: [(target tensor, master name)];
     `rows`: [(block index, fused layer, first row, master name, master rows)]; `load_rows(layer, offset, weight)`
-    writes one weight the per-tensor way (fused_llada._load_rows)."""
+    writes one weight the per-tensor way (load_rows)."""
 
     def __init__(self, master: nn.Module, copies: list, rows: list, load_rows: Callable):
         peft_root = hasattr(master, "peft_config")

@@ -1,7 +1,7 @@
 """FP8Linear: a linear layer held as blockwise e4m3 codes + fp32 scales, activations quantised on the fly.
 
 The rollout policy μ is a copy of the BF16 master in which every block nn.Linear is an FP8Linear (fp8/quantize.py
-builds it; an LLaDA master gets the fused copy of fp8/fused_llada.py, whose four linears per block are FP8Linears
+builds it; an LLaDA master gets the fused copy of models/llada/fused_fp8.py, whose four linears per block are FP8Linears
 too). After every optimizer step fp8/sync.py requantises the master's weights into the existing buffers in place
 (`load_weight_`), so the copy's memory never moves (CUDA graphs and cached pointers stay valid). How a layer
 multiplies is its backend (fp8/backends.py), chosen once by name.

@@ -1,5 +1,5 @@
-"""Producers of the fused rollout model in plain torch: the exact math of models/llada.py, optionally followed by the
-1×128 activation quantisation of the consumer GEMM. Each function here is the twin of a Triton kernel in
+"""Producers of the fused rollout model in plain torch: the exact math of models/llada/model.py, optionally followed by
+the 1×128 activation quantisation of the consumer GEMM. Each function here is the twin of a Triton kernel in
 `producer_kernels.py`, and the reference its tests hold it against.
 
 A producer twin returns what `quant.quantize_act` makes of the producer's exact output in the model's dtype (bf16

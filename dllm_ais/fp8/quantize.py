@@ -1,8 +1,8 @@
 """quantize_model: the FP8 rollout COPY of a model, with every `auto` layer resolved to a concrete backend.
 
-An LLaDAModelLM (plain or peft-wrapped) gets the fused inference copy (fp8/fused_llada.py: fused QKV and gate-up
-weights, producers that emit FP8), a DreamModel its fused copy (fp8/fused_dream.py); every other model (Qwen,
-toy modules) gets a copy in which each block nn.Linear
+A model of a family with a fused copy (dllm_ais/families.py `fp8_copy`; plain or peft-wrapped) gets that copy — LLaDA's
+(models/llada/fused_fp8.py: fused QKV and gate-up weights, producers that emit FP8), Dream's
+(models/dream/fused_fp8.py); every other model (Qwen, toy modules) gets a copy in which each block nn.Linear
 (layer selection: walker.quantizable_layers) is an FP8Linear.
 
 `auto` is resolved here, eagerly, when the copy is built (linear.resolve_auto): each layer shape (N, K) is timed once
@@ -13,34 +13,16 @@ the layer's backend is set to the winner, so the copy never times anything while
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from dllm_ais.families import family_of_model
+
 from .backends import check_backend, prepare_gemm_shapes
 from .linear import FP8Linear, check_layer_shape, resolve_auto
 from .walker import quantized_copy
-
-
-def _llada_master(model: nn.Module) -> nn.Module | None:
-    """The LLaDAModelLM in `model` (itself or under peft), or None; without importing models.llada (if it is not
-    imported, `model` cannot be one)."""
-    if "dllm_ais.models.llada" not in sys.modules:
-        return None
-    from .fused_llada import llada_master
-
-    return llada_master(model)
-
-
-def _dream_master(model: nn.Module) -> nn.Module | None:
-    """The DreamModel in `model` (itself or under peft), or None; without importing models.dream needlessly."""
-    if "dllm_ais.models.dream" not in sys.modules:
-        return None
-    from .fused_dream import dream_master
-
-    return dream_master(model)
 
 
 @torch.no_grad()
@@ -58,19 +40,16 @@ def quantize_model(
     Embeddings, norms and everything that is not an nn.Linear are copied unchanged.
     Raises FP8BackendError / FP8LayerError, naming the backend or layer and the alternatives, before copying anything.
 
-    An LLaDAModelLM (plain or peft-wrapped) gets the fused inference copy instead (fp8/fused_llada.py), a DreamModel
-    fp8/fused_dream.py's, unless `exclude` is given (then: the per-Linear copy above). backend "auto" is resolved
-    per layer shape for `expected_m` activation rows (module docstring).
+    A model of a family with a fused copy (LLaDA, Dream; plain or peft-wrapped) gets that copy instead (the family's
+    `fp8_copy`, e.g. models/llada/fused_fp8.py), unless `exclude` is given (then: the per-Linear copy above). backend
+    "auto" is resolved per layer shape for `expected_m` activation rows (module docstring).
     """
     check_backend(backend)
-    if exclude is None and _llada_master(model) is not None:
-        from .fused_llada import build_fused_llada
-
-        return build_fused_llada(model, backend, expected_m=expected_m)
-    if exclude is None and _dream_master(model) is not None:
-        from .fused_dream import build_fused_dream
-
-        return build_fused_dream(model, backend, expected_m=expected_m)
+    family = family_of_model(model)  # a family with a fused copy builds it (None: `model` is not its master)
+    if exclude is None and family is not None and family.fp8_copy is not None:
+        copy = family.fp8_copy(model, backend, expected_m=expected_m)
+        if copy is not None:
+            return copy
 
     def check(name: str, linear: nn.Linear) -> None:
         check_layer_shape(name, linear.in_features, linear.out_features)

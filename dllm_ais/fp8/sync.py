@@ -2,13 +2,13 @@
 
 After every optimizer step each QuantizedLinear of the copy is requantised from the master's layer of the same
 canonical name (walker.py: LoRA merged on the fly, peft prefixes ignored) into its existing buffers, so the copy's
-memory never moves. A fused LLaDA or Dream copy (fp8/fused_llada.py, fused_dream.py) is synced by its own routine.
+memory never moves. A family's fused copy (models/llada/fused_fp8.py, models/dream/fused_fp8.py) syncs itself: its
+`sync_from(master, gather, full)` method.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable
 
 import torch
@@ -35,22 +35,16 @@ def sync_weights(master: nn.Module, rollout: nn.Module, gather: Callable | None 
     canonical name (a LoRA layer is merged on the fly; the master is not modified); a plain linear of `rollout` whose
     master layer carries LoRA (e.g. a LoRA-adapted LM head) gets the merged weight; every other parameter and buffer
     of `rollout` (embeddings, norms, LM head, excluded linears) is copy_'d from the master tensor of the same
-    canonical name. A fused LLaDA rollout copy (fp8/fused_llada.py) has each master tensor requantised into its slice
-    of the fused buffers instead.
+    canonical name. A fused LLaDA rollout copy (models/llada/fused_fp8.py) has each master tensor requantised into its
+    slice of the fused buffers instead.
 
     `gather(module)` and `full(tensor)` serve a sharded master (FSDP2, dllm_ais/train/fsdp_sync.py): a context manager
     that makes one master layer's parameters whole while it is read, and the whole of one sharded tensor. Default: the
     master is not sharded.
     """
-    fused = sys.modules.get(f"{__package__}.fused_llada")  # only a loaded module can have made `rollout`
-    if fused is not None and isinstance(rollout, fused.FusedLLaDA):
-        fused.sync_fused_llada(master, rollout, gather=gather, full=full)  # None, None: its one-pass sync
-        return
-    fused_dream = sys.modules.get(f"{__package__}.fused_dream")
-    if fused_dream is not None and isinstance(rollout, fused_dream.FusedDream):
-        if gather is not None:
-            raise NotImplementedError("sync_weights: the fused Dream copy syncs from an unsharded master only.")
-        fused_dream.sync_fused_dream(master, rollout)
+    sync_from = getattr(rollout, "sync_from", None)  # a family's fused copy (FusedLLaDA, FusedDream) syncs itself
+    if sync_from is not None:
+        sync_from(master, gather=gather, full=full)  # LLaDA, unsharded: its one-pass sync
         return
     gather = gather or contextlib.nullcontext
     full = full or (lambda t: t)

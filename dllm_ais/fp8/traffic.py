@@ -1,8 +1,8 @@
 """Bytes moved by the elementwise work around the GEMMs of one rollout layer, counted on meta tensors (no GPU).
 
-`layer_traffic(backend)` runs ONE eager block of the fused LLaDA rollout copy (fp8/fused_llada.py) at a given shape
-on meta tensors under a TorchDispatchMode that charges every op its inputs + outputs (bytes of each tensor argument
-and result as the op sees it: a view is charged its own elements, not its storage). Not charged:
+`layer_traffic(backend)` runs ONE eager block of the fused LLaDA rollout copy (models/llada/fused_fp8.py) at a given
+shape on meta tensors under a TorchDispatchMode that charges every op its inputs + outputs (bytes of each tensor
+argument and result as the op sees it: a view is charged its own elements, not its storage). Not charged:
   * GEMMs: aten mm / addmm / bmm / _scaled_mm and everything inside a backend's `gemm` (the torch reference's
     dequantisation, the Triton / torchao GEMM ops): the GEMM itself is not elementwise traffic;
   * attention: everything inside F.scaled_dot_product_attention (identical in every copy);
@@ -101,9 +101,9 @@ def layer_traffic(backend: str | None, producers: str = "triton", batch: int = 3
                   dtype: torch.dtype = torch.bfloat16, **shape) -> TrafficCounter:
     """Count one eager block of the fused rollout copy (backend None = BF16) at x [batch, seq, d]; `shape` overrides
     LLADA_8B (d_model, n_heads, mlp_hidden_size). Returns the counter (by_op bytes, calls, total)."""
-    from dllm_ais.models.llada import LLaDAConfig
+    from dllm_ais.models.llada import fused_fp8 as fused_llada
+    from dllm_ais.models.llada.model import LLaDAConfig
 
-    from . import fused_llada
     from . import producers as torch_producers
 
     config = LLaDAConfig(**{**LLADA_8B, **shape}, n_layers=1)  # meta: the embedding and head cost nothing

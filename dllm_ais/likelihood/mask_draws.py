@@ -20,8 +20,11 @@ Draws (every one an explicit torch.Generator; random numbers are drawn on the ge
   t ~ U(t_min, t_max) drawn once per batch (weight ½/t), its complement over the counted tokens (weight ½/(1 − t)):
   per token ½[log p_full + log p_partial / t_eff], DiffuCoder's per-token log-prob.
 - `draw_spg` (SPG): block-random masks, see `spg.py`.
+- `draw_mdpo` (MDPO) and `draw_dtreerpo` (d-TreeRPO): the rollout's own recorded canvases (`mdpo.py`,
+  `dtreerpo.py`); their draws carry `hidden`, the canvas's masked positions (the post-EOS tail included).
 
-Post-EOS positions (completion_mask False) are never masked by a draw and never scored (weight 0).
+Post-EOS positions (completion_mask False) are never scored (weight 0); a draw never masks them except where it
+shows a recorded canvas (`hidden`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ class PolicyDraw:
     """[B, K, P] bool: prompt positions masked in draw k (SPG), or None (the prompt is never masked)."""
     level: torch.Tensor | None = None
     """[B, K] float64: the draw's noise level (t, or count / L_i); informational."""
+    hidden: torch.Tensor | None = None
+    """[B, K, L] bool: every completion position canvas k shows as the mask token, when the canvas is one the sampler
+    recorded (MDPO, d-TreeRPO: the positions not yet committed, the post-EOS tail included; ⊇ mask); the other
+    positions show the completion's tokens. None: canvas k masks `mask` (and the tail by `mask_tail`)."""
 
     @property
     def num_draws(self) -> int:
@@ -61,7 +68,8 @@ class PolicyDraw:
         """The same draw restricted to rows idx (a micro-batch): θ on a micro-batch sees the batch's masks."""
         pm = None if self.prompt_masked is None else self.prompt_masked[idx]
         lv = None if self.level is None else self.level[idx]
-        return PolicyDraw(self.mask[idx], self.weight[idx], pm, lv)
+        hid = None if self.hidden is None else self.hidden[idx]
+        return PolicyDraw(self.mask[idx], self.weight[idx], pm, lv, hid)
 
 
 def policy_draw(mask: torch.Tensor, weight: torch.Tensor, completion_mask: torch.Tensor,
@@ -200,6 +208,7 @@ def draw_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, co
 
     One forward row per (sequence, draw) with a non-empty mask, `batch_size` rows per model call. mask_tail: post-EOS
     positions are shown as mask tokens (the sampler's blank canvas), else as themselves; never scored either way.
+    A draw with `hidden` shows its recorded canvases instead (mask_tail is not read).
     Memory does not grow with K under autograd: each (draw, row chunk) is checkpointed — the forward keeps only its
     inputs, and backward recomputes one chunk at a time (ESPO's no-grad pass + per-draw replay)."""
     check_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask, max_length_of(model))
@@ -209,10 +218,15 @@ def draw_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, co
                          f"{tuple(completion_ids.shape)}.")
     if (draw.mask & ~completion_mask.bool()[:, None, :]).any():
         raise ValueError("draw.mask masks post-EOS positions (outside completion_mask); draw it from the same mask.")
+    if draw.hidden is not None and (draw.mask & ~draw.hidden).any():
+        raise ValueError("draw.mask scores positions its canvas shows (outside draw.hidden): a canvas masks what it "
+                         "scores.")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1.")
     P = prompt_ids.shape[1]
-    x, attn = canvas(prompt_ids, prompt_mask, completion_ids, completion_mask, mask_token_id, mask_tail)  # [B, T]
+    recorded = draw.hidden is not None  # the sampler's canvases: the tail shows as recorded
+    x, attn = canvas(prompt_ids, prompt_mask, completion_ids, completion_mask, mask_token_id,
+                     mask_tail and not recorded)  # [B, T]
     grad = torch.is_grad_enabled()
     out: list[torch.Tensor] = []
     for k in range(K):
@@ -222,7 +236,8 @@ def draw_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, co
         for s in range(0, active.numel(), batch_size):
             rows = active[s:s + batch_size]
             inp = x[rows]  # [n, T] (a copy)
-            inp[:, P:] = torch.where(m[rows], mask_token_id, inp[:, P:])
+            shown_masked = draw.hidden[rows, k] if recorded else m[rows]  # [n, L]
+            inp[:, P:] = torch.where(shown_masked, mask_token_id, inp[:, P:])
             if draw.prompt_masked is not None:
                 pm = draw.prompt_masked[rows, k] & prompt_mask[rows].bool()
                 inp[:, :P] = torch.where(pm, mask_token_id, inp[:, :P])

@@ -100,12 +100,13 @@ def _log_floor(x: torch.Tensor, impossible: float = LOG_ZERO) -> torch.Tensor:
 
 def confidence_selection_logprob(log_q: torch.Tensor, p: torch.Tensor, masked: torch.Tensor, commit: torch.Tensor,
                                  tokens: torch.Tensor, rule: SelectionRule, expected: torch.Tensor | None = None,
-                                 impossible: float = LOG_ZERO) -> torch.Tensor:
+                                 impossible: float = LOG_ZERO, cap: torch.Tensor | None = None) -> torch.Tensor:
     """Low-confidence remasking: the selection log-term of each row's step (module docstring).
 
     log_q, p [n, Lb, V] (`proposal_and_confidence`), masked [n, Lb] bool (masked before the step), commit [n, Lb]
     bool (committed at the step, ⊆ masked), tokens [n, Lb] long (the committed tokens; anything elsewhere),
-    expected [n] long: the fixed schedule's k of the step (None = take k from `commit`; unused with a threshold)
+    expected [n] long: the fixed schedule's k of the step (None = take k from `commit`; unused with a threshold),
+    cap [n] long: a threshold step's cap per row (None = rule.max_commit; Dream's uncached threshold quota)
     -> [n] float64; 0 for a row that committed nothing, `impossible` for an event of probability 0.
     """
     n, Lb = masked.shape
@@ -121,7 +122,8 @@ def confidence_selection_logprob(log_q: torch.Tensor, p: torch.Tensor, masked: t
         tau = rule.threshold
         all_above = torch.where(commit, conf >= tau, True).all(-1)  # [n]
         forced = (count == 1) & ~all_above  # the most confident token committed below τ: top-1
-        capped = (count == rule.max_commit) if rule.max_commit is not None else torch.zeros_like(forced)
+        max_commit = cap if cap is not None else rule.max_commit
+        capped = (count == max_commit) if max_commit is not None else torch.zeros_like(forced)
         top_n = forced | (capped & all_above)  # bound c_min, ties after the last minimum
         bound = torch.where(top_n, c_min, torch.full_like(c_min, tau))
         tie_ok = tie_after_min & top_n[:, None]

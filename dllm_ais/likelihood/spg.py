@@ -1,10 +1,17 @@
 """SPG (Sandwiched Policy Gradient, arXiv 2510.09541): block-random masks, the ELBO for positive advantages and the
 EUBO (or a mixture) for the others — as SPG's code computes them.
 
-Draw (`draw_spg`, per sequence and draw): a completion block c uniform among the blocks holding counted tokens; the
+Draw (`draw_spg`, per sequence and draw): a completion block c among the n_b blocks holding counted tokens; the
 counted tokens of earlier blocks and the real prompt tokens are masked independently w.p. p_mask_prompt (0.3); in
 block c, x ~ U{1..m} of its m counted tokens form a uniform subset; counted tokens of later blocks are all masked.
 Post-EOS positions are never masked nor scored. level = t̂ = (#masked counted tokens) / L_i.
+The blocks of the K draws (`block_rule`):
+- `permutation` (SPG's code, the default): the first K entries of a random permutation of all N = ⌈L / block⌉ blocks
+  of the completion width, each taken modulo n_b. With n_b = N the K draws get K distinct blocks, a uniform random
+  K-subset in random order; with n_b < N (an early EOS) blocks can repeat and, unless n_b divides N, the law is not
+  uniform — as in SPG. SPG asserts K <= N; for K > N the draws continue with a fresh permutation (distinct within
+  each run of N draws).
+- `independent`: each draw's block uniform on the n_b blocks, independently.
 
 - ELBO (SPG's code): mean over draws of the per-token MEAN of log p over the draw's masked counted tokens — no 1/t
   weight (the paper's ELBO carries 1/t; the code's per-token mean is what SPG trains with, and what we follow).
@@ -14,9 +21,8 @@ Post-EOS positions are never masked nor scored. level = t̂ = (#masked counted t
 - mixture (w): w · EUBO + (1 − w) · ELBO for the non-positive advantages.
 The loss (no ratio, no clip, no KL) is `dllm_ais.rl.spg.spg_loss`.
 
-Differences from SPG's code, by choice: the block index is uniform over the completion's blocks (the code takes a
-random permutation of all blocks modulo the completion's block count, uniform only when that count divides the
-number of blocks), and the K draws pick their blocks independently (the code takes K distinct blocks).
+Differences from SPG's code: none in law with `permutation` (its prompt mask also hits left padding, which ours never
+masks: padding is never attended).
 """
 
 from __future__ import annotations
@@ -32,22 +38,42 @@ SPG_BETA = 1.5
 """SPG's default EUBO exponent β."""
 
 
+SPG_BLOCK_RULES = ("permutation", "independent")
+"""How the K draws pick their blocks (module doc)."""
+
+
+def _blocks(counted_blocks: torch.Tensor, num_blocks: int, K: int, g: torch.Generator, rule: str) -> torch.Tensor:
+    """[B, K] long block index of each draw; counted_blocks [B] (n_b, 0 when nothing is counted), num_blocks N."""
+    B = counted_blocks.shape[0]
+    nb = counted_blocks.clamp_min(1)[:, None]  # [B, 1]
+    if rule == "independent":
+        u = torch.rand(B, K, generator=g, device=g.device, dtype=torch.float64)
+        return (u * nb).floor().long()
+    runs = -(-K // num_blocks)  # permutations needed (SPG: one, K <= N)
+    keys = torch.rand(B, runs, num_blocks, generator=g, device=g.device, dtype=torch.float64)
+    perm = keys.argsort(-1).reshape(B, runs * num_blocks)[:, :K]  # [B, K] uniform permutations, concatenated
+    return perm % nb
+
+
 def draw_spg(completion_mask: torch.Tensor, num_draws: int, generator: torch.Generator | int, block_length: int,
-             prompt_mask: torch.Tensor | None = None, p_mask_prompt: float = 0.3) -> PolicyDraw:
-    """SPG block-random draws. completion_mask [B, L] bool (a prefix per row), prompt_mask [B, P] bool or None."""
+             prompt_mask: torch.Tensor | None = None, p_mask_prompt: float = 0.3,
+             block_rule: str = "permutation") -> PolicyDraw:
+    """SPG block-random draws. completion_mask [B, L] bool (a prefix per row), prompt_mask [B, P] bool or None;
+    block_rule: `permutation` (SPG's) or `independent` (module doc)."""
     check_num_draws(num_draws)
     if block_length < 1:
         raise ValueError(f"spg block_length={block_length} must be >= 1.")
     if not 0.0 <= p_mask_prompt < 1.0:
         raise ValueError(f"p_mask_prompt={p_mask_prompt} must be in [0, 1).")
+    if block_rule not in SPG_BLOCK_RULES:
+        raise ValueError(f"spg block_rule={block_rule!r}: use one of {', '.join(SPG_BLOCK_RULES)}.")
     g = as_generator(generator)
     cnt = completion_mask.bool().to(g.device)
     B, L = cnt.shape
     K = num_draws
     n = cnt.sum(-1)  # [B]
     blocks = (n + block_length - 1) // block_length  # [B] blocks holding counted tokens
-    u = torch.rand(B, K, generator=g, device=g.device, dtype=torch.float64)
-    c = (u * blocks[:, None]).floor().long()  # [B, K] uniform block index (0 when no counted token)
+    c = _blocks(blocks, -(-L // block_length), K, g, block_rule)  # [B, K] (0 when no counted token)
     block_of = torch.arange(L, device=g.device) // block_length  # [L]
     in_c = (block_of[None, None, :] == c[..., None]) & cnt[:, None, :]  # [B, K, L]
     m = in_c.sum(-1)  # [B, K] counted tokens of block c

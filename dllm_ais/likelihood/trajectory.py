@@ -248,9 +248,10 @@ def _chunk_terms(model, rollout: Rollout, rows: torch.Tensor, steps: torch.Tenso
 
 
 def replay_terms(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfig, *, mask_token_id: int,
-                 selection: bool = False, chunk_size: int | None = None,
-                 impossible: float = LOG_ZERO) -> tuple[torch.Tensor, torch.Tensor]:
+                 selection: bool = False, chunk_size: int | None = None, impossible: float = LOG_ZERO,
+                 chunk_terms=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Replay the plan's canvases under `model` with the sampler `config` (its cache and selection rule).
+    chunk_terms: a family's step (models/dream/trajectory.py `chunk_terms`, with its own config), None = LLaDA's.
 
     -> (token [B, L]: log q(y_j | canvas_t(j)) of every token committed at a replayed step, float32 (float64 for a
     float64 model); step_select [B, L] float64: the selection term of each such token's step, repeated per token,
@@ -270,7 +271,8 @@ def replay_terms(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfi
     for s in range(0, plan.rows.numel(), size):
         rows, steps = plan.rows[s:s + size], plan.steps[s:s + size]  # [n]
         args = (model, rollout, rows, steps, config, mask_token_id, selection, impossible)
-        lp, sel = checkpoint(_chunk_terms, *args, use_reentrant=False) if grad else _chunk_terms(*args)
+        terms = chunk_terms if chunk_terms is not None else _chunk_terms
+        lp, sel = checkpoint(terms, *args, use_reentrant=False) if grad else terms(*args)
         if token is None:
             token = torch.zeros(B, L, dtype=lp.dtype, device=device)
         block, _ = step_blocks(rollout.commit_step, rows, steps, Lb)
@@ -285,11 +287,11 @@ def replay_terms(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfi
 
 
 def policy_token_logp(model, rollout: Rollout, plan: ReplayPlan, config: SamplerConfig, *, mask_token_id: int,
-                      selection: bool, chunk_size: int | None = None) -> torch.Tensor:
+                      selection: bool, chunk_size: int | None = None, chunk_terms=None) -> torch.Tensor:
     """Per-token path terms of the GRPO ratio: log q(y_j | canvas) plus the step's selection term shared over its
     counted tokens, on the plan's scored tokens (plan.scale > 0); 0 elsewhere. [B, L], float64 with selection."""
     token, step_select = replay_terms(model, rollout, plan, config, mask_token_id=mask_token_id,
-                                      selection=selection, chunk_size=chunk_size)
+                                      selection=selection, chunk_size=chunk_size, chunk_terms=chunk_terms)
     scored = plan.scale > 0
     if selection:
         token = token.double() + share_step_terms(step_select, rollout.commit_step, scored)
@@ -350,7 +352,7 @@ def _uncached(temperature: float, cfg_scale: float, length: int) -> SamplerConfi
 @torch.no_grad()
 def replay_logprobs(model, rollout: Rollout, plan: ReplayPlan, *, temperature: float, mask_token_id: int,
                     chunk_size: int | None = None, cfg_scale: float = 0.0,
-                    config: SamplerConfig | None = None, selection: bool = False) -> torch.Tensor:
+                    config: SamplerConfig | None = None, selection: bool = False, chunk_terms=None) -> torch.Tensor:
     """log model(y_j | canvas_t(j)) under the sampler's proposal for every token the plan scores (with `selection`
     plus the shared selection term); 0 elsewhere. -> [B, L]. config: the sampler to replay (cache, selection rule);
     None = an exact uncached forward at `temperature` (no selection then). Pads its forward calls to the busiest
@@ -361,7 +363,7 @@ def replay_logprobs(model, rollout: Rollout, plan: ReplayPlan, *, temperature: f
             raise ValueError("selection terms need the sampler's config (block length, remasking, threshold).")
         config = _uncached(temperature, cfg_scale, rollout.completion_ids.shape[1])
     out = policy_token_logp(model, rollout, plan, config, mask_token_id=mask_token_id, selection=selection,
-                            chunk_size=chunk_size)
+                            chunk_size=chunk_size, chunk_terms=chunk_terms)
     size = chunk_size if chunk_size is not None else max(rollout.completion_ids.shape[0], 1)
     n_calls = -(-plan.rows.numel() // size)
     device = rollout.completion_ids.device
@@ -377,26 +379,32 @@ def replay_logprobs(model, rollout: Rollout, plan: ReplayPlan, *, temperature: f
 def trajectory_log_ratio(model_old, model_rollout, rollout: Rollout, *, temperature: float, mask_token_id: int,
                          num_steps: int | None = None, generator: torch.Generator | None = None,
                          chunk_size: int | None = None, cfg_scale: float = 0.0, plan: ReplayPlan | None = None,
-                         config: SamplerConfig | None = None, selection: bool = False) -> TrajectoryEstimate:
+                         config: SamplerConfig | None = None, selection: bool = False, chunk_terms=None,
+                         uncached_chunk_terms=None) -> TrajectoryEstimate:
     """ℓ_j = log π_old(path terms of y_j) − log μ(path terms of y_j) over the rollout's recorded canvases.
 
     π_old is an exact uncached replay at the sampler's temperature. log μ is the sampler's record when present, else
     a replay of `model_rollout` under `config` (the rollout's sampler; uncached when None). plan: the canvases to
     replay (drawn once per rollout and shared with the policy likelihood); else drawn here from num_steps /
     generator. selection: add each step's selection term (needs `config`; μ's from `Rollout.logp_select`).
+    chunk_terms / uncached_chunk_terms: a family's replay step as it ran and with exact uncached logits (Dream's;
+    None = LLaDA's, uncached by `config` with cache "none").
     """
     _check_temperature(temperature)
     if plan is None:
         plan = replay_plan(rollout.commit_step, rollout.completion_mask.bool(), num_steps, generator)
-    old_config = None if config is None else replace(config, cache="none")
+    if uncached_chunk_terms is not None:
+        old_config, old_terms = config, uncached_chunk_terms
+    else:
+        old_config, old_terms = (None if config is None else replace(config, cache="none")), chunk_terms
     kw = dict(temperature=temperature, mask_token_id=mask_token_id, chunk_size=chunk_size, cfg_scale=cfg_scale,
               selection=selection)
-    logp_old = replay_logprobs(model_old, rollout, plan, config=old_config, **kw)  # [B, L]
+    logp_old = replay_logprobs(model_old, rollout, plan, config=old_config, chunk_terms=old_terms, **kw)  # [B, L]
     recorded = rollout.logp_rollout is not None and (not selection or rollout.logp_select is not None)
     if recorded:
         logp_mu = rollout_token_logp(rollout, plan, selection).to(logp_old.dtype)
     else:
-        logp_mu = replay_logprobs(model_rollout, rollout, plan, config=config, **kw)
+        logp_mu = replay_logprobs(model_rollout, rollout, plan, config=config, chunk_terms=chunk_terms, **kw)
     scored = plan.scale > 0
     diff = torch.where(scored, logp_old - logp_mu, 0.0)  # [B, L]
     weighted = diff.double() * plan.scale  # [B, L] Horvitz–Thompson weighted token terms

@@ -10,7 +10,8 @@ import argparse
 import json
 from dataclasses import replace
 
-from dllm_ais.config import PRESETS, get_preset, override
+from dllm_ais.config import override
+from dllm_ais.presets import PRESETS, get_preset
 
 from .rates import GPUS
 
@@ -29,7 +30,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                      "model's task; 256 assumed for a hub model, nothing is downloaded)")
     run.add_argument("--json", action="store_true", help="print the plan as JSON")
     model = p.add_argument_group("model (as train)")
-    model.add_argument("--model", default=None, help="a local LLaDA checkpoint directory: its config.json's shape")
+    model.add_argument("--model", default=None, help="a local checkpoint directory of the preset's family (LLaDA, "
+                       "Dream): its config.json's shape")
     model.add_argument("--dtype", default=None, help="parameter dtype: float32, bfloat16, float16")
     model.add_argument("--lora-r", type=int, default=None, help="LoRA rank (0 = full fine-tuning)")
     rollout = p.add_argument_group("rollout (as train)")
@@ -47,7 +49,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     batch.add_argument("--micro-batches", type=int, default=None, help="micro-batches per update "
                        "(TrainConfig.gradient_accumulation_steps; no train flag yet)")
     batch.add_argument("--gradient-checkpointing", action="store_true", help="recompute each block in backward "
-                       "(models/llada.py supports it; train does not switch it on yet)")
+                       "(models/llada/model.py supports it; train does not switch it on yet)")
     batch.add_argument("--steps", type=int, default=None, help="RL steps of the run (for its total time)")
     batch.add_argument("--beta", type=float, default=None, help="KL coefficient (> 0: a reference pass per update; "
                        "--policy-logprob spg needs 0)")

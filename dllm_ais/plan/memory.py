@@ -3,7 +3,7 @@
 The activation terms are the tensors the code keeps alive, counted per token from the code itself (docs/plan.md lists
 them op by op): s = bytes of the master's compute dtype, d / h / H = width, MLP width, heads.
 
-- Saved for backward, one LLaDABlock (models/llada.py; RMSNorm computes in fp32), per canvas token:
+- Saved for backward, one LLaDABlock (models/llada/model.py; RMSNorm computes in fp32), per canvas token:
     full fine-tuning  16d + 6sd + 4sh + 4H + 8 + s
     LoRA (fp32 adapters on the 7 block linears, base frozen)  8d + 8 + 4sd + 4H + s + c + 3sh + 4h + 28r,
                       c = 8d in fp32 (the adapters read the block's own tensors), 24d otherwise (each adapter casts
@@ -110,9 +110,9 @@ def master_working_set(shape: ModelShape, s: int) -> float:
 
 def fused_working_set(shape: ModelShape, s: int) -> float:
     """Bytes per token of a fused FP8 rollout copy's forward on a GPU, at a block's last residual add
-    (fp8/fused_llada.py `_block_fp8_producers`, Triton producers): the block input, qkv, rotated q and k, attention
-    output and its log-sum-exp, the mid residual, gate-up output, the FP8 codes and scales of silu·up, the down
-    projection's output and the new residual; the half-width fp32 RoPE tables."""
+    (models/llada/fused_fp8.py `_block_fp8_producers`, Triton producers): the block input, qkv, rotated q and k,
+    attention output and its log-sum-exp, the mid residual, gate-up output, the FP8 codes and scales of silu·up, the
+    down projection's output and the new residual; the half-width fp32 RoPE tables."""
     d, h = shape.d_model, shape.mlp_hidden
     return 10 * s * d + 2 * s * h + h * (1 + 4 / 128) + 4 * shape.head_dim + 4 * shape.n_heads
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from dllm_ais.families import get_family
+
 from .flops import PassCost, pass_cost
 from .memory import GiB, MemoryPlan, predict_memory
 from .rates import GPUS, SYNC_OVER_FLOOR, Rates, rates, usable_bytes
@@ -111,8 +113,8 @@ def _notes(shape: ModelShape, w: Workload, costs: list[PassCost], r: Rates) -> l
     if w.gpus > 1:
         notes.append("communication between GPUs (gradient all-reduce, FSDP gathers) is not modelled.")
     if w.gradient_checkpointing:
-        notes.append("gradient checkpointing: modelled as models/llada.py does it; `dllm-ais train` has no flag for "
-                     "it yet.")
+        notes.append("gradient checkpointing: modelled as models/llada/model.py does it; `dllm-ais train` has no flag "
+                     "for it yet.")
     return notes
 
 
@@ -133,7 +135,7 @@ def _plan(preset, gpu: str, shape: ModelShape, w: Workload, device: str = "cuda"
     # the copy keeps embeddings, norms and LM head in the master's stored dtype (fp32 shards under FSDP)
     stored = {4: "float32", 8: "float64"}.get(w.param_bytes, preset.model.dtype)
     copy = rollout_copy_bytes(replace(preset.model, dtype=stored), w.rollout_precision, preset.train.fp8_backend)
-    memory = predict_memory(shape, w, copy, fused_copy=device == "cuda" and shape.family == "llada")
+    memory = predict_memory(shape, w, copy, fused_copy=device == "cuda" and get_family(shape.family).fused_producers)
     costs = [pass_cost(shape, p, w) for p in step_passes(w)]
     r = rates(gpu) if root is None else rates(gpu, root)
     return Plan(preset.name, gpu, shape, w, memory, tuple(costs), r, _seconds(shape, w, costs, r),
@@ -199,7 +201,7 @@ def fixes(plan: Plan, preset, most: int = 4) -> list[Fix]:
 
 FIX_NOTES = {
     "--micro-batches": "TrainConfig.gradient_accumulation_steps (no `train` flag yet: set it in the preset)",
-    "--gradient-checkpointing": "models/llada.py supports it; `dllm-ais train` does not switch it on yet",
+    "--gradient-checkpointing": "models/llada/model.py supports it; `dllm-ais train` does not switch it on yet",
 }
 """What the plan's own flags mean for a run, printed once under the fixes that use them."""
 
@@ -213,8 +215,7 @@ def speedups(plan: Plan, preset) -> list[Fix]:
     if w.rollout_precision == "fp8" and GPUS[plan.gpu].fp8_tflops is None:
         tries.append(("--rollout-precision bf16", replace(preset, train=replace(tc, rollout_precision="bf16"))))
     blocks = w.gen_length // w.block_length
-    dream = preset.model.family == "dream"  # Dream's trajectory ratio replays the uncached schedule only (yet)
-    if w.cache == "none" and w.sampler_steps // blocks >= 2 and preset.sampler.temperature > 0 and not dream:
+    if w.cache == "none" and w.sampler_steps // blocks >= 2 and preset.sampler.temperature > 0:
         tries.append((f"--cache dual --mismatch-estimator trajectory --trajectory-steps {blocks} (Fast-dLLM's dual "
                       "cache; the ELBO cannot see a cache)",
                       replace(preset, sampler=replace(preset.sampler, cache="dual"),

@@ -111,8 +111,8 @@ def format_plan(plan: Plan, preset) -> str:
         f"{sh.n_heads} heads{f' ({sh.n_kv_heads} KV)' if sh.n_kv_heads not in (0, sh.n_heads) else ''}, MLP "
         f"{sh.mlp_hidden}, vocab {sh.vocab}); {trained}",
         f"step   {w.rows} rows per GPU; prompt {w.prompt_len} tokens ({prompt}) + {w.gen_length} generated; "
-        f"{w.sampler_steps} denoising steps over {blocks} blocks ({cache}); {w.num_iterations} update(s) × "
-        f"{w.micro_batches} micro-batch(es); ℓ: {mismatch}; β = {w.beta}",
+        f"{w.sampler_steps} denoising steps over {blocks} block{'s' * (blocks != 1)} ({cache}); "
+        f"{w.num_iterations} update(s) × {w.micro_batches} micro-batch(es); ℓ: {mismatch}; β = {w.beta}",
         "", f"memory per GPU ({_unit(plan)[0]})", *_memory_lines(plan), "", "work per RL step", *_work_lines(plan),
         f"rates: {plan.rates.source}",
     ]

@@ -13,12 +13,14 @@ Per process (accelerate: every process rolls out its own prompts_per_step prompt
                gradient_accumulation_steps micro-batches; one AdamW step per update.
 
 The policy likelihood (--policy-logprob) sets how many canvases one evaluation scores per sequence: one_step 1, elbo
-and spg K draws, coupled 3 (DiffuCoder's three passes), trajectory the replayed steps (÷ --trajectory-merge). Mask-draw
+and spg K draws, coupled 3 (DiffuCoder's three passes), mdpo min(--mdpo-steps, steps) recorded canvases, dtreerpo
+min(--dtreerpo-segments, steps) segments, trajectory the replayed steps (÷ --trajectory-merge). Mask-draw
 estimators run each (draw, 64-row chunk) as one call and, with gradients, checkpoint it (the forward runs again in
 backward: memory flat in K); a trajectory replay runs chunks of the batch's rows, checkpointed likewise, and its π_old
-and reference are evaluated once per step (one replay serves every iteration). Coupled and trajectory skip canvases
-with nothing to score (a complement without masks, a step that committed nothing), so for them the rows are upper
-bounds; for one_step, elbo and spg they are exact (tests/test_plan_measured.py counts them).
+and reference are evaluated once per step (one replay serves every iteration). Coupled, mdpo, dtreerpo and trajectory
+skip canvases with nothing to score (a complement without masks, a canvas or segment with no counted token, a step
+that committed nothing), so for them the rows are upper bounds; for one_step, elbo and spg they are exact
+(tests/test_plan_measured.py counts them).
   sync         the rollout copy requantised from the master (none for bf16 rollouts).
 """
 
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from dllm_ais.families import get_family
 
 ELBO_ROWS_PER_CALL = 64
 """likelihood/elbo.py DEFAULT_BATCH_SIZE: rows of one model call of the mismatch ELBO."""
@@ -90,17 +94,22 @@ class Workload:
     fsdp: bool
     """FSDP2 shards master, gradients and optimizer over the gpus (full fine-tuning); else DDP or one process."""
     gradient_checkpointing: bool
-    """Recompute each block in backward (models/llada.py supports it; `dllm-ais train` does not switch it on yet)."""
+    """Recompute each block in backward (models/llada/model.py supports it; `dllm-ais train` does not switch it on
+    yet)."""
     train_steps: int
     """RL steps of the run (for the run's total time)."""
     policy: str = "one_step"
-    """The policy likelihood (TrainConfig.policy_logprob): one_step, elbo, coupled, spg or trajectory."""
+    """The policy likelihood (TrainConfig.policy_logprob): one_step, elbo, coupled, spg, mdpo, dtreerpo or
+    trajectory."""
     policy_draws: int = 1
     """Canvases it scores per sequence and evaluation (module docstring)."""
     trajectory_merge: int = 1
     """--trajectory-merge: consecutive sampler steps scored in one replayed canvas."""
     family: str = "llada"
-    """Model family (ModelConfig.family): a Dream's trajectory ratio replays every step on master and copy."""
+    """Model family (ModelConfig.family; dllm_ais/families.py)."""
+    replay_steps: int | None = None
+    """Canvases a trajectory replay scores per sequence: the steps that commit (the family's `plan_commit_steps`),
+    or --trajectory-steps K of them; None = every sampler step."""
 
     @property
     def canvas(self) -> int:
@@ -127,7 +136,7 @@ class Workload:
     @property
     def update_rows(self) -> int:
         """Rows whose activations the update keeps at once: a micro-batch, or one checkpointed mask-draw call."""
-        if self.policy in ("elbo", "spg", "coupled"):
+        if self.policy not in ("one_step", "trajectory"):  # a mask-draw likelihood
             return min(self.micro_rows, DRAW_ROWS_PER_CALL)
         return self.micro_rows
 
@@ -227,11 +236,10 @@ def likelihood_passes(w: Workload) -> list[Pass]:
         for model, who in (("master", "π_old"), ("rollout", "μ")):  # same draws; head: the masked positions (≤ L)
             out.append(Pass("likelihood", f"mismatch ELBO of {who} ({w.mismatch_draws} draws)", model, calls, per_call,
                             T, T, L))
-    elif w.mismatch == "trajectory" and w.family == "dream":  # dream_trajectory.path_terms: every step, both models,
-        for model in ("master", "rollout"):                       # logits over the whole completion
-            out.append(Pass("likelihood", "mismatch Dream path replay", model, nfe(w), B, T, T, L))
-    elif w.mismatch == "trajectory":  # log μ was recorded by the sampler: only π_old replays
-        replayed = w.trajectory_steps if w.trajectory_steps is not None else nfe(w)
+    elif w.mismatch == "trajectory" and w.policy != "trajectory":  # log μ was recorded by the sampler: only π_old
+        # replays (with a trajectory policy ℓ reuses the policy's π_old replay: train/step_mismatch.py)
+        replayed = w.replay_steps if w.replay_steps is not None else (
+            w.trajectory_steps if w.trajectory_steps is not None else nfe(w))
         out.append(Pass("likelihood", "mismatch trajectory replay", "master", replayed, B, T, T,
                         _committed_per_step(w)))
     if w.beta > 0:
@@ -306,13 +314,21 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     # FSDP full fine-tuning: fp32 shards (16-bit ones are refused), bf16 compute through mixed precision
     param_bytes = 4 if (fsdp and tc.lora_r == 0) else dtype_bytes
     act_bytes = 2 if fsdp else dtype_bytes
-    # compiled or graphed LLaDA sampling pads prompts to PROMPT_BUCKET; samplers/dream.py runs eager, unpadded
-    compiled = device == "cuda" and (sc.compile or sc.cuda_graphs != "off") and preset.model.family != "dream"
+    # compiled or graphed sampling pads prompts to PROMPT_BUCKET; a family without graphed steps (Dream) runs eager
+    graphed = get_family(preset.model.family).graphed_sampling
+    compiled = device == "cuda" and (sc.compile or sc.cuda_graphs != "off") and graphed
     policy, merge = tc.policy_logprob, tc.trajectory_merge
+    family = get_family(preset.model.family)
+    committing = family.plan_commit_steps(sc) if family.plan_commit_steps is not None else sc.steps
+    replayed = min(tc.trajectory_steps, committing) if tc.trajectory_steps is not None else committing
     if policy == "trajectory":
-        draws = -(-(tc.trajectory_steps if tc.trajectory_steps is not None else sc.steps) // merge)
-    else:
-        draws = {"one_step": 1, "coupled": 3}.get(policy, tc.likelihood.elbo_draws)
+        draws = -(-replayed // merge)
+    elif policy == "one_step":
+        draws = 1
+    else:  # a mask-draw likelihood: its registry object knows its rows (mdpo, dtreerpo: capped by the steps)
+        from dllm_ais.likelihood.policy import policy_likelihood
+
+        draws = policy_likelihood(policy, tc.likelihood, sc.block_length, sc.steps).rows_per_sequence
     rollout_prompt = -(-prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET if compiled else prompt_len
     return Workload(
         rows=tc.prompts_per_step * gc.num_generations, prompt_len=prompt_len, rollout_prompt_len=rollout_prompt,
@@ -323,4 +339,4 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
         num_iterations=gc.num_iterations, beta=gc.beta, mismatch=mismatch_kind(preset),
         mismatch_draws=tc.mismatch_num_draws, trajectory_steps=tc.trajectory_steps, bypass=preset.correction.bypass,
         gpus=gpus, fsdp=fsdp, gradient_checkpointing=gradient_checkpointing, train_steps=tc.steps, policy=policy,
-        policy_draws=draws, trajectory_merge=merge, family=preset.model.family)
+        policy_draws=draws, trajectory_merge=merge, family=preset.model.family, replay_steps=replayed)

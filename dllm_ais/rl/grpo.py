@@ -52,12 +52,13 @@ class LossOutput:
     """[] aggregated ω-weighted clipped surrogate (the loss without the β · KL term)."""
     kl: torch.Tensor | None
     """[] mean per-token k3 KL to the reference over counted tokens; None when no logp_ref was given."""
-    clip_ratio_low: torch.Tensor
-    """[] fraction of counted tokens (sequences, at sequence level) with r < 1 − ε and Â < 0."""
-    clip_ratio_high: torch.Tensor
-    """[] fraction with r > 1 + ε_high and Â > 0."""
-    clip_ratio_region: torch.Tensor
-    """[] fraction clipped either way (low or high): where the surrogate's gradient is zero."""
+    clip_ratio_low: torch.Tensor | None
+    """[] fraction of counted tokens (sequences, at sequence level) with r < 1 − ε and Â < 0; None for a loss without
+    a ratio or clip (SPG: no loss/clip_frac* metrics at all)."""
+    clip_ratio_high: torch.Tensor | None
+    """[] fraction with r > 1 + ε_high and Â > 0 (None: no clip)."""
+    clip_ratio_region: torch.Tensor | None
+    """[] fraction clipped either way (low or high): where the surrogate's gradient is zero (None: no clip)."""
     dual_clip_frac: torch.Tensor | None = None
     """[] loss_type=tbpo: fraction of non-empty sequences whose loss the dual clip bounds (Â < 0, −J = c|Â|);
     clip_ratio_c: fraction of counted tokens at verl's per-token bound (verl's pg_clipfrac_lower)."""
@@ -68,8 +69,10 @@ class LossOutput:
 
     def metrics(self) -> dict[str, float]:
         """Scalar metrics under DESIGN.md §8 names (one device sync)."""
-        names = {"loss/policy": self.policy_loss, "loss/clip_frac": self.clip_ratio_region,
-                 "loss/clip_frac_low": self.clip_ratio_low, "loss/clip_frac_high": self.clip_ratio_high}
+        names = {"loss/policy": self.policy_loss}
+        if self.clip_ratio_region is not None:
+            names.update({"loss/clip_frac": self.clip_ratio_region, "loss/clip_frac_low": self.clip_ratio_low,
+                          "loss/clip_frac_high": self.clip_ratio_high})
         if self.kl is not None:
             names["loss/kl"] = self.kl
         if self.dual_clip_frac is not None:

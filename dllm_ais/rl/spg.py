@@ -29,6 +29,5 @@ def spg_loss(seq_logp: torch.Tensor, adv: torch.Tensor, lengths: torch.Tensor,
     w = torch.ones_like(n) if weights is None else weights.detach().to(seq_logp.dtype).reshape(n.shape)
     ell = torch.where(n > 0, seq_logp, 0.0)  # empty sequences: a NaN or inf there never reaches the loss
     loss = (n * w * (-adv.detach().to(seq_logp.dtype) * ell)).sum() / n.sum().clamp_min(1)
-    zero = torch.zeros((), dtype=seq_logp.dtype, device=seq_logp.device)
-    return LossOutput(loss=loss, policy_loss=loss.detach(), kl=None, clip_ratio_low=zero, clip_ratio_high=zero,
-                      clip_ratio_region=zero)
+    return LossOutput(loss=loss, policy_loss=loss.detach(), kl=None, clip_ratio_low=None, clip_ratio_high=None,
+                      clip_ratio_region=None)  # no ratio, no clip: no loss/clip_frac* metrics

@@ -83,7 +83,7 @@ class DiffusionBackend:
     """log π in the GRPO ratio and KL: `one_step` (d1's estimator: every completion token masked at once),
     `trajectory` (the replay of the rollout's recorded canvases under the sampler's config: the path likelihood of
     likelihood/trajectory.py, per token), or a mask-draw likelihood of likelihood/policy.py's registry (`elbo`,
-    `coupled`, `spg`) with the settings `likelihood`."""
+    `coupled`, `spg`, `mdpo`, `dtreerpo`) with the settings `likelihood`."""
     likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
     """Settings of the mask-draw policy likelihoods, received whole."""
     trajectory_selection: bool = False
@@ -93,6 +93,22 @@ class DiffusionBackend:
     """`trajectory` policy likelihood: score this many consecutive recorded steps in one forward from the canvas at
     the group's first step (likelihood.trajectory.merge_commit_steps; biased, cheaper); 1 = the exact replay."""
     is_causal: bool = False
+
+    @property
+    def replay_config(self):
+        """The sampler config a trajectory replay reads (a family's own, e.g. Dream's DreamSamplerConfig)."""
+        return self.sampler
+
+    @property
+    def chunk_terms(self):
+        """A family's replay of one chunk of canvases (likelihood/trajectory.py `_chunk_terms`'s signature); None =
+        LLaDA's."""
+        return None
+
+    @property
+    def uncached_chunk_terms(self):
+        """Its variant with exact uncached logits (the mismatch ratio's π_old); None: `chunk_terms` with cache none."""
+        return None
 
     @property
     def uses_trajectory(self) -> bool:
@@ -107,11 +123,11 @@ class DiffusionBackend:
 
         if self.policy_logprob not in POLICY_LIKELIHOODS:
             return None
-        return policy_likelihood(self.policy_logprob, self.likelihood, self.sampler.block_length)
+        return policy_likelihood(self.policy_logprob, self.likelihood, self.sampler.block_length, self.sampler.steps)
 
     def policy_draw(self, rollout: Rollout, seed: int):
         """The batch's `PolicyDraw` for a logp seed: the same for θ (any rows), π_old, μ and the reference."""
-        return self.policy.draw(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_mask, seed)
+        return self.policy.draw_rollout(rollout, seed)
 
     def sequence_logp(self, model, rollout: Rollout, seed: int, adv: torch.Tensor,
                       rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -180,8 +196,9 @@ class DiffusionBackend:
             plan = self._plan(rollout)
             if rows is not None:
                 rollout, plan = rollout_rows(rollout, rows), plan.for_rows(rows)
-            return policy_token_logp(model, rollout, plan, self.sampler, mask_token_id=self.mask_token_id,
-                                     selection=self.trajectory_selection, chunk_size=self.trajectory_chunk_size)
+            return policy_token_logp(model, rollout, plan, self.replay_config, mask_token_id=self.mask_token_id,
+                                     selection=self.trajectory_selection, chunk_size=self.trajectory_chunk_size,
+                                     chunk_terms=self.chunk_terms)
         if self.policy is not None:  # a mask-draw likelihood: one draw per seed for the whole batch
             idx = slice(None) if rows is None else rows
             return self.policy.token_logp(model, rollout.prompt_ids[idx], rollout.prompt_mask[idx],
@@ -228,8 +245,9 @@ class DiffusionBackend:
                                                                                                         generator)
         est = trajectory_log_ratio(model_old, model_rollout, rollout, temperature=self.sampler.temperature,
                                    mask_token_id=self.mask_token_id, plan=plan, chunk_size=self.trajectory_chunk_size,
-                                   cfg_scale=self.sampler.cfg_scale, config=self.sampler,
-                                   selection=self.trajectory_selection)
+                                   cfg_scale=self.sampler.cfg_scale, config=self.replay_config,
+                                   selection=self.trajectory_selection, chunk_terms=self.chunk_terms,
+                                   uncached_chunk_terms=self.uncached_chunk_terms)
         return est.token_log_ratio if level != "sequence" else est.log_ratio
 
     def mismatch_log_w(self, model_old, model_rollout, rollout: Rollout, generator, level: str) -> torch.Tensor:
@@ -254,6 +272,21 @@ class DiffusionBackend:
         from dllm_ais.train.sft import sft_loss
 
         return sft_loss(model, prompt_ids, prompt_mask, completion_ids, self.mask_token_id, generator)
+
+
+def build_diffusion_backend(cls, sampler: SamplerConfig, model, train=None, **fields):
+    """A diffusion backend (DiffusionBackend, or a family's subclass) for `model` with the run's likelihood settings
+    from `train` (a TrainConfig; None when only sampling) and the family's own `fields`."""
+    from dllm_ais.models.load import stop_token_ids
+
+    extra = {} if train is None else dict(p_mask_prompt=train.p_mask_prompt,
+                                          mismatch_num_draws=train.mismatch_num_draws,
+                                          mismatch_estimator=train.mismatch_estimator,
+                                          trajectory_steps=train.trajectory_steps,
+                                          policy_logprob=train.policy_logprob, likelihood=train.likelihood,
+                                          trajectory_selection=train.trajectory_selection,
+                                          trajectory_merge=train.trajectory_merge)
+    return cls(sampler, model.config.mask_token_id, stop_token_ids(model), **extra, **fields)
 
 
 @dataclass(frozen=True)

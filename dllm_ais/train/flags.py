@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 
 from dllm_ais.config import Preset
+from dllm_ais.families import get_family
 
 
 def _mode(p: Preset) -> str:
@@ -27,9 +28,10 @@ NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
     ("--band", lambda p: _mode(p) == "band", "--correction band (or --correction ais --ais-target band)"),
     ("--dual-clip", lambda p: p.grpo.loss_type == "tbpo", "--loss-type tbpo"),
     ("--fp4-format", lambda p: p.train.rollout_precision == "fp4", "--rollout-precision fp4"),
-    *((flag, lambda p: p.model.family != "qwen", "a diffusion (LLaDA or Dream) preset; autoregressive rollouts have "
-       "no denoising canvas") for flag in ("--cache", "--threshold", "--mismatch-estimator", "--trajectory-steps",
-                                        "--policy-logprob", "--max-commit-per-step")),
+    *((flag, lambda p: get_family(p.model.family).diffusion, "a diffusion (LLaDA or Dream) preset; autoregressive "
+       "rollouts have no denoising canvas") for flag in ("--cache", "--threshold", "--mismatch-estimator",
+                                                         "--trajectory-steps", "--policy-logprob",
+                                                         "--max-commit-per-step")),
     ("--trajectory-merge", lambda p: p.train.policy_logprob == "trajectory", "--policy-logprob trajectory"),
     *((flag, lambda p: "trajectory" in (p.train.mismatch_estimator, p.train.policy_logprob),
        "--mismatch-estimator trajectory or --policy-logprob trajectory") for flag in ("--trajectory-steps",
@@ -41,6 +43,9 @@ NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
       for flag in ("--spg-beta", "--spg-mix", "--spg-block-length")),
     *((flag, lambda p: p.train.policy_logprob == "coupled", "--policy-logprob coupled")
       for flag in ("--coupled-t-min", "--coupled-t-max")),
+    *((flag, lambda p: p.train.policy_logprob == "mdpo", "--policy-logprob mdpo")
+      for flag in ("--mdpo-steps", "--mdpo-confidence")),
+    ("--dtreerpo-segments", lambda p: p.train.policy_logprob == "dtreerpo", "--policy-logprob dtreerpo"),
 )
 """(flag, when the flag is read, what to add): a typed flag whose condition is false would be silently ignored."""
 

@@ -22,6 +22,8 @@ import os
 import torch
 from torch import nn
 
+from dllm_ais.families import get_family
+
 LOW_PRECISION_DTYPES = ("bfloat16", "float16")
 
 
@@ -46,15 +48,16 @@ def fsdp_refusals(preset, fsdp_version: int | None) -> str | None:
         return ("FP8/FP4 rollouts under FSDP need FSDP2 (its DTensor shards are gathered one layer at a time into the "
                 "quantised copy); set fsdp_version: 2 in accelerate's fsdp_config (--fsdp_version 2), or use "
                 "--rollout-precision bf16.")
-    if tc.rollout_precision == "fp8" and mc.family == "qwen":
-        return ("FSDP with FP8 rollouts of a Qwen3 model is not supported (its fused static-cache copy is synced from "
-                "full weights only); use DDP (distributed_type: MULTI_GPU) with LoRA (--lora-r).")
-    if tc.rollout_precision == "fp8" and mc.family == "dream":
-        return ("FSDP with FP8 rollouts of a Dream model is not supported yet (its fused copy syncs from an unsharded "
-                "master only); use DDP (distributed_type: MULTI_GPU) or --rollout-precision bf16.")
+    if tc.rollout_precision == "fp8" and (why := get_family(mc.family).fsdp_fp8_refusal):
+        return why
     if tc.policy_logprob == "trajectory":
         return ("--policy-logprob trajectory under FSDP is not supported (the replay's forward count per rank, "
                 "recomputed in backward, differs between ranks); use DDP or --policy-logprob one_step.")
+    from dllm_ais.likelihood.policy import POLICY_LIKELIHOODS
+
+    if getattr(POLICY_LIKELIHOODS.get(tc.policy_logprob), "forwards_depend_on_rollout", False):
+        return (f"--policy-logprob {tc.policy_logprob} under FSDP is not supported (it skips canvases with nothing to "
+                "score, so its forward count per rank differs between ranks); use DDP or --policy-logprob one_step.")
     if tc.lora_r == 0 and mc.dtype in LOW_PRECISION_DTYPES:
         return (f"FSDP full fine-tuning with --dtype {mc.dtype} would update the sharded parameters in 16 bits (small "
                 "updates are lost); pass --dtype float32 and set accelerate's mixed_precision: bf16, so that FSDP "

@@ -24,17 +24,24 @@ PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1")
 """Signals handled as a scheduler's stop (those this platform has)."""
 
 
+def resume_command(run) -> str:
+    """The command that continues the run in directory `run`, as the user types it."""
+    return f"`dllm-ais train --out {run} --resume`"
+
+
 class Preempted(Exception):
     """A SIGTERM / SIGUSR1 stopped the run at a step boundary, after its checkpoint (the CLI exits with
     RESUME_EXIT_CODE)."""
 
 
-def install_sigint(stop_requested: Callable[[], bool], request_stop: Callable[..., None]) -> Callable[..., None]:
+def install_sigint(stop_requested: Callable[[], bool], request_stop: Callable[..., None],
+                   resume: str = "--resume") -> Callable[..., None]:
     """Install the handlers (main thread only; elsewhere nothing happens) and return restore(preempted=False), which
     puts the previous ones back; restore(preempted=True) ignores SIGTERM / SIGUSR1 from then on instead: the process
     is exiting with RESUME_EXIT_CODE, and a launcher's SIGTERM (torchrun's, when another process exited first) must
     not turn that into a kill. stop_requested() says whether a stop was asked already; request_stop(reason) records
-    one: reason "Ctrl-C" or a preemption signal's name ("SIGTERM", "SIGUSR1")."""
+    one: reason "Ctrl-C" or a preemption signal's name ("SIGTERM", "SIGUSR1"). `resume`: the command that continues the
+run, said on a preemption signal (`resume_command(run)`)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda preempted=False: None
     previous = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
@@ -50,7 +57,7 @@ def install_sigint(stop_requested: Callable[[], bool], request_stop: Callable[..
         if not stop_requested():
             request_stop(name)
         print(f"\n{name}: finishing this step, then writing a checkpoint and exiting with {RESUME_EXIT_CODE} (resume "
-              "with --resume)", file=sys.stderr, flush=True)
+              f"with {resume})", file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGINT, on_sigint)
     for name in PREEMPT_SIGNALS:

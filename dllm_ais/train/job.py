@@ -6,14 +6,14 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from dllm_ais.config import Preset
+from dllm_ais.families import get_family
 from dllm_ais.train import grad_diagnostics
-from dllm_ais.train.backend import DiffusionBackend
 from dllm_ais.train.flags import check_trackers
 from dllm_ais.train.run_dir import RunDir, resume_checkpoint
 from dllm_ais.train.trainer import Policy, Trainer
@@ -42,40 +42,23 @@ def task_rows_and_reward(preset: Preset):
 
 def check_model_source(mc) -> None:
     """Fail before the run directory is created when `mc.path` is not a loadable checkpoint directory (a hub id is
-    fetched here, as loading would). LLaDA, Dream: config.json (and Dream's generation_config.json) are parsed and
-    validated; Qwen: config.json must exist."""
+    fetched here, as loading would): the family's `check_source` parses and checks its config files."""
     if mc.path is None:
         return
-    from dllm_ais.models.load import resolve_checkpoint_dir
+    from dllm_ais.models.hub import resolve_checkpoint_dir
 
-    directory = resolve_checkpoint_dir(mc.path)
-    if mc.family == "llada":
-        from dllm_ais.models.checkpoint import read_llada_config
-
-        read_llada_config(directory)
-    elif mc.family == "dream":  # config (mask_token_id …) and generation settings (alg, alg_temp)
-        from dllm_ais.models.dream_checkpoint import read_dream_config, read_dream_sampling
-
-        read_dream_config(directory)
-        read_dream_sampling(directory)
-    elif not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"--model {mc.path}: no config.json, so not a checkpoint directory.")
+    get_family(mc.family).check_source(resolve_checkpoint_dir(mc.path))
 
 
-def check_dream_sampler(preset) -> None:
-    """A Dream's sampler settings (the preset's with the checkpoint's alg / alg_temp / top_p / top_k) built and checked
-    before the run directory exists: e.g. --threshold without a cache is refused here, not after the first write."""
-    if preset.model.family != "dream":
-        return
-    from dllm_ais.train.dream_backend import dream_sampler_config
-
-    defaults = {}
-    if preset.model.path is not None:
-        from dllm_ais.models.dream_checkpoint import read_dream_sampling
-        from dllm_ais.models.load import resolve_checkpoint_dir
-
-        defaults = read_dream_sampling(resolve_checkpoint_dir(preset.model.path))
-    dream_sampler_config(preset.sampler, defaults, preset.train)
+def resolve_family_sampler(preset) -> tuple[Preset, str | None, dict | None]:
+    """The family's sampler settings resolved against the checkpoint's own (e.g. Dream's alg) and checked before the
+    run directory exists (e.g. Dream's --threshold with entropy is refused here, not after the first write):
+    (the preset with what runs made explicit, the line saying what the checkpoint sets and what runs, both as a dict
+    for config.json) — (preset, None, None) for a family without such settings."""
+    family = get_family(preset.model.family)
+    if family.resolve_sampler is None:
+        return preset, None, None
+    return family.resolve_sampler(preset)
 
 
 def task_config_kwargs(fn, options: dict) -> dict:
@@ -95,102 +78,12 @@ def _sft_pairs(task_name: str, n: int, seed: int, options: dict):
     return module.sft_pairs(n, seed=seed, **task_config_kwargs(module.sft_pairs, options))
 
 
-@dataclass(frozen=True)
-class Family:
-    """How one model family is loaded, saved, adapted with LoRA and driven (sibling functions, chosen by name)."""
-
-    load: Callable
-    """load(ModelConfig) -> (model, tokenizer)."""
-    save: Callable
-    """save(model, tokenizer, directory) in the family's checkpoint layout (atomic)."""
-    load_dir: Callable
-    """load_dir(directory, dtype, device) -> model."""
-    lora_targets: Callable
-    """lora_targets() -> peft target_modules."""
-    backend: Callable
-    """backend(sampler_config, model, tokenizer, train_config=None) -> Backend."""
-
-
-def _load_qwen_family(cfg):
-    from dllm_ais.models.qwen import load_qwen, load_qwen_tokenizer, tiny_qwen, tiny_qwen_tokenizer
-
-    dtype = getattr(torch, cfg.dtype)
-    if cfg.path is None:
-        return tiny_qwen(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_qwen_tokenizer()
-    from dllm_ais.models.load import resolve_checkpoint_dir
-
-    path = resolve_checkpoint_dir(cfg.path)
-    return load_qwen(path, dtype=dtype, device=cfg.device), load_qwen_tokenizer(path)
-
-
-def _diffusion_backend(cls, sampler, model, train=None, **fields):
-    """A diffusion backend (LLaDA's, or a subclass) with the run's likelihood settings from `train` (none when
-    sampling)."""
-    from dllm_ais.models.load import stop_token_ids
-
-    extra = {} if train is None else dict(p_mask_prompt=train.p_mask_prompt,
-                                          mismatch_num_draws=train.mismatch_num_draws,
-                                          mismatch_estimator=train.mismatch_estimator,
-                                          trajectory_steps=train.trajectory_steps,
-                                          policy_logprob=train.policy_logprob, likelihood=train.likelihood,
-                                          trajectory_selection=train.trajectory_selection,
-                                          trajectory_merge=train.trajectory_merge)
-    return cls(sampler, model.config.mask_token_id, stop_token_ids(model), **extra, **fields)
-
-
-def _llada_backend(sampler, model, tokenizer, train=None):
-    return _diffusion_backend(DiffusionBackend, sampler, model, train)
-
-
-def _dream_backend(sampler, model, tokenizer, train=None):
-    """Dream: its sampler with the checkpoint's alg / alg_temp / top_p / top_k (train/dream_backend.py)."""
-    from dllm_ais.train.dream_backend import DreamBackend, dream_sampler_config
-
-    dream = dream_sampler_config(sampler, getattr(model, "sampling_defaults", None), train)
-    return _diffusion_backend(DreamBackend, sampler, model, train, dream=dream)
-
-
-def _qwen_backend(sampler, model, tokenizer, train=None):
-    from dllm_ais.train.backend import AutoregressiveBackend
-
-    stops: list[int] = []
-    for cfg in (model.config, getattr(model, "generation_config", None)):  # Qwen3 lists <|endoftext|> only in the
-        eos = getattr(cfg, "eos_token_id", None)  # generation config
-        for i in eos if isinstance(eos, (list, tuple)) else [eos]:
-            if i is not None and i not in stops:
-                stops.append(i)
-    return AutoregressiveBackend(sampler, tuple(stops), pad_token_id=tokenizer.pad_token_id)
-
-
-def family(name: str) -> Family:
-    from dllm_ais.models import checkpoint, dream, dream_checkpoint, llada, load, qwen
-
-    families = {
-        "llada": Family(load=load.load_model_and_tokenizer,
-                        save=lambda m, tok, d: checkpoint.save_llada(m, d, tokenizer=tok),
-                        load_dir=checkpoint.load_llada, lora_targets=llada.lora_target_regex,
-                        backend=_llada_backend),
-        "qwen": Family(load=_load_qwen_family, save=qwen.save_qwen, load_dir=qwen.load_qwen,
-                       lora_targets=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                             "down_proj"],
-                       backend=_qwen_backend),
-        "dream": Family(load=load.load_model_and_tokenizer,
-                        save=lambda m, tok, d: checkpoint.save_llada(m, d, tokenizer=tok),
-                        load_dir=dream_checkpoint.load_dream, lora_targets=dream.lora_target_regex,
-                        backend=_dream_backend),
-    }
-    if name not in families:
-        raise ValueError(f"model family {name!r} cannot be trained or sampled yet (its sampler backend is missing); "
-                         f"use one of {', '.join(families)}.")
-    return families[name]
-
-
 def build_policy(preset: Preset, run: RunDir, use_chat_template: bool, progress: bool) -> Policy:
     """Master model (SFT-warmed and cached in <out>/sft when asked), optional LoRA, backend, checkpoint I/O."""
     from dllm_ais.train.sft import warm_up
 
     tc, mc = preset.train, preset.model
-    family_ = family(mc.family)
+    family_ = get_family(mc.family)
     model, tokenizer = family_.load(mc)
     backend = family_.backend(preset.sampler, model, tokenizer, tc)
     if tc.sft_steps > 0:
@@ -322,13 +215,16 @@ def run_training(preset: Preset, out: str | Path, resume: bool = False, progress
     check_trackers(preset.train.report_to)  # so does a tracker whose package is missing
     if not resume:
         check_model_source(preset.model)  # a bad --model too: nothing half-made is left behind
-    check_dream_sampler(preset)  # and a Dream sampler its checkpoint's settings cannot run
+    preset, sampling_line, sampling = resolve_family_sampler(preset)  # and a sampler its checkpoint cannot run
     ckpt = resume_checkpoint(run, state, hash_check) if resume else None  # no intact one: refused before any write
     state.wait_for_everyone()  # every process has checked the directory before the main one writes into it
     if state.is_main_process:
-        preset = run.create(preset, resume=False) if not resume else run.update_config(preset)
+        extra = {} if sampling is None else {"sampling": sampling}  # what the checkpoint set, what runs
+        preset = run.create(preset, resume=False, extra=extra) if not resume else run.update_config(preset)
         if not resume:  # said when the run starts, not only at its end (a resume names its checkpoint instead)
-            print(f"run directory: {run.path}", file=sys.stderr, flush=True)
+            print(f"run directory: {run.path}\n{preset.summary()}", file=sys.stderr, flush=True)
+        if sampling_line is not None:
+            print(sampling_line, file=sys.stderr, flush=True)
     if resume and state.is_main_process and ckpt is None:
         print(f"--resume: {_sft_state(run, preset.train.sft_steps)}", file=sys.stderr, flush=True)
     if preset.model.device.startswith("cuda"):  # each process loads onto its own GPU

@@ -8,9 +8,9 @@ from dllm_ais.config import Preset
 
 def _fp8_rollout(master, tc, expected_m: int | None = None):
     from dllm_ais.fp8.quantize import quantize_model
-    from dllm_ais.models import qwen_rollout
+    from dllm_ais.models.qwen import rollout as qwen_rollout
 
-    if qwen_rollout.supports(master):  # Qwen3: fused static-cache rollout copy (models/qwen_rollout.py)
+    if qwen_rollout.supports(master):  # Qwen3: fused static-cache rollout copy (models/qwen/rollout.py)
         return qwen_rollout.rollout_copy(master, fp8_backend=tc.fp8_backend, expected_m=expected_m)
     # `auto` is timed here, once, for expected_m activation rows (rollout batch × canvas), never while compiling
     return quantize_model(master, backend=tc.fp8_backend, expected_m=expected_m)
@@ -50,7 +50,7 @@ def sync_rollout(master, rollout_model, fsdp: bool) -> None:
         sync_weights_sharded(master, rollout_model)
         return
     from dllm_ais.fp8.sync import sync_weights  # refills FP8Linear and FP4Linear alike
-    from dllm_ais.models.qwen_rollout import QwenRollout, sync_qwen_rollout
+    from dllm_ais.models.qwen.rollout import QwenRollout, sync_qwen_rollout
 
     sync = sync_qwen_rollout if isinstance(rollout_model, QwenRollout) else sync_weights
     sync(master, rollout_model)

@@ -97,8 +97,10 @@ class RunDir:
     def holds_run(self) -> bool:
         return self.config_file.exists() or (self.path / "metrics.jsonl").exists()
 
-    def create(self, preset: Preset, resume: bool) -> Preset:
-        """Prepare the directory; returns the preset to use (the saved one when resuming)."""
+    def create(self, preset: Preset, resume: bool, extra: dict | None = None) -> Preset:
+        """Prepare the directory; returns the preset to use (the saved one when resuming). extra: top-level records
+        written beside the preset in config.json (e.g. "sampling": what a Dream checkpoint set and what runs), read
+        by people, ignored by `read_run_config`, kept by `update_config`."""
         if resume:
             if not self.config_file.exists():
                 raise FileNotFoundError(f"--resume: {self.path} holds no run (no config.json); drop --resume to "
@@ -108,12 +110,18 @@ class RunDir:
             raise FileExistsError(f"--out {self.path} already holds a run; pass --resume to continue it, or choose "
                                   "another --out.")
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.config_file, json.dumps(preset.to_dict(), indent=2))
+        atomic_write_text(self.config_file, json.dumps({**preset.to_dict(), **(extra or {})}, indent=2))
         return preset
 
     def update_config(self, preset: Preset) -> Preset:
-        """Rewrite config.json (a resumed run whose step count changed)."""
-        atomic_write_text(self.config_file, json.dumps(preset.to_dict(), indent=2))
+        """Rewrite config.json (a resumed run whose step count changed), keeping its extra records."""
+        data = preset.to_dict()
+        try:
+            old = json.loads(self.config_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = {}
+        extra = {k: v for k, v in old.items() if k not in data} if isinstance(old, dict) else {}
+        atomic_write_text(self.config_file, json.dumps({**data, **extra}, indent=2))
         return preset
 
     def latest(self) -> Path | None:

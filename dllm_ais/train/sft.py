@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from dllm_ais.atomic import atomic_file
 from dllm_ais.models.shift import logits_view
 from dllm_ais.progress import progress_bar
-from dllm_ais.train.interrupt import Preempted, install_sigint
+from dllm_ais.train.interrupt import Preempted, install_sigint, resume_command
 
 
 def sft_loss(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
@@ -53,11 +53,11 @@ def pad_completions(tokenizer, completions: list[str], length: int, eos_token_id
 
 
 @contextmanager
-def _stop_at_step_end():
+def _stop_at_step_end(resume: str = "--resume"):
     """While active, the first Ctrl-C / SIGTERM / SIGUSR1 sets flag["stop"] to its name (the current step finishes);
     a second Ctrl-C interrupts at once. Outside the main thread signals cannot be handled: the flag never rises."""
     flag = {"stop": None}
-    restore = install_sigint(lambda: flag["stop"] is not None, lambda why: flag.__setitem__("stop", why))
+    restore = install_sigint(lambda: flag["stop"] is not None, lambda why: flag.__setitem__("stop", why), resume)
     try:
         yield flag
     finally:
@@ -103,14 +103,15 @@ def warm_up(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_si
         start = state["step"]
     model.train()
     bar = progress_bar(range(start, steps), enabled=progress, desc="SFT warm-up", unit="step")
-    with _stop_at_step_end() as flag:
+    resume = "--resume" if checkpoint is None else resume_command(checkpoint.parent)  # job: <run>/sft-partial.pt
+    with _stop_at_step_end(resume) as flag:
         for step in bar:
             if flag["stop"]:
                 bar.close()  # ends the progress bar's line: the message starts on its own
                 if checkpoint is not None:
                     _save_partial(checkpoint, model, opt, sched, step, gen, noise)
-                    print(f"SFT warm-up interrupted after {step}/{steps} steps; saved to {checkpoint}. Run the same "
-                          "train command with --resume to continue it.", file=sys.stderr)
+                    print(f"SFT warm-up interrupted after {step}/{steps} steps; saved to {checkpoint}. Continue it "
+                          f"with {resume}.", file=sys.stderr)
                 else:
                     print(f"SFT warm-up interrupted after {step}/{steps} steps; nothing was saved.", file=sys.stderr)
                 if flag["stop"] != "Ctrl-C":

@@ -19,6 +19,7 @@ import torch
 from dllm_ais import metrics as M
 from dllm_ais.config import Preset
 from dllm_ais.models.load import encode_prompts
+from dllm_ais.progress import progress_bar
 from dllm_ais.rl.advantages import group_advantages
 from dllm_ais.rl.correction import CorrectionOutput, rejected_loss_mask
 from dllm_ais.rl.error_tokens import error_keep, repeated_ngram_fraction
@@ -27,7 +28,7 @@ from dllm_ais.rl.spg import spg_loss
 from dllm_ais.train import fsdp_setup, grad_diagnostics, step_mismatch, trackers, trainer_state
 from dllm_ais.train.backend import Backend
 from dllm_ais.train.distributed import global_sum
-from dllm_ais.train.interrupt import install_sigint
+from dllm_ais.train.interrupt import install_sigint, resume_command
 from dllm_ais.train.master_weights import MasterWeights
 from dllm_ais.train.rewards import RewardSet, StepSkipped, TrainerState, conversational_form
 from dllm_ais.train.rollout_policy import make_rollout_model, sync_rollout
@@ -370,12 +371,12 @@ class Trainer:
         main = self.acc.is_main_process
         writer = M.MetricsWriter(self.run.path, trackers.start(self.acc, self.cfg, self.run.path)) if main else None
         bar = None
-        if self.progress and main:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=self.tc.steps, initial=self.step, desc="AIS-GRPO", unit="step")
+        if self.progress and main:  # named by what it trains: "AIS-GRPO one_step", "SPG elbo" ...
+            bar = progress_bar(total=self.tc.steps, initial=self.step, unit="step",
+                               desc=f"{self.cfg.objective} {self.tc.policy_logprob}")
         written, self.first_step = [], self.step  # first_step: where this call started (after a resume)
-        restore = install_sigint(lambda: self._stop_reason is not None, lambda why: setattr(self, "_stop_reason", why))
+        restore = install_sigint(lambda: self._stop_reason is not None, lambda why: setattr(self, "_stop_reason", why),
+                                 resume_command(self.run.path))
         clock = trainer_state.SaveClock(self.tc.save_every_minutes)
         preempted = False
         try:
@@ -419,7 +420,8 @@ class Trainer:
                     self.acc.wait_for_everyone()  # no process exits before the checkpoint is written and verified
                     trainer_state.report_preempted(self, path)
                     raise trainer_state.Preempted(self._stop_reason or "another process's signal") from None
-                print(f"\ninterrupted: checkpoint written to {path}; continue with --resume", file=sys.stderr)
+                print(f"\ninterrupted: checkpoint written to {path}; continue with {resume_command(self.run.path)}",
+                      file=sys.stderr)
             raise
         finally:
             restore(preempted)

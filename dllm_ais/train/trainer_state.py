@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from dllm_ais import metrics as M
-from dllm_ais.train.interrupt import RESUME_EXIT_CODE, Preempted
+from dllm_ais.train.interrupt import RESUME_EXIT_CODE, Preempted, resume_command
 from dllm_ais.train.run_dir import RunDir
 
 __all__ = ["Preempted", "SaveClock", "checkpoint", "report_preempted", "resume", "save"]
@@ -50,9 +50,10 @@ def checkpoint(trainer, clock: SaveClock | None = None, verify: bool = False) ->
 def report_preempted(trainer, path: Path | None) -> None:
     """The main process's one line after a SIGTERM / SIGUSR1 stop."""
     if path is not None:
-        print(f"\n{trainer._stop_reason or 'a signal to another process'}: stopped after step {trainer.step - 1}; "
-              f"checkpoint {path} written and verified; exiting with {RESUME_EXIT_CODE}: continue with "
-              f"`dllm-ais train --out {trainer.run.path} --resume`", file=sys.stderr, flush=True)
+        steps = f"{trainer.step} step{'s' * (trainer.step != 1)}"
+        print(f"\n{trainer._stop_reason or 'a signal to another process'}: stopped after {steps}; checkpoint {path} "
+              f"written and verified; exiting with {RESUME_EXIT_CODE}: continue with "
+              f"{resume_command(trainer.run.path)}", file=sys.stderr, flush=True)
 
 
 def save(trainer) -> Path | None:
@@ -106,6 +107,9 @@ def resume(trainer, ckpt: Path | None) -> None:
         dropped = M.MetricsWriter(trainer.run.path).truncate_after(trainer.step - 1)
         print(f"--resume: continuing from {ckpt} at step {trainer.step}{_dropped(dropped)}", file=sys.stderr,
               flush=True)
+        if trainer.step >= trainer.tc.steps:
+            print(f"--resume: the run has done all its {trainer.tc.steps} steps, so nothing is left to train; pass "
+                  f"--steps N (more than {trainer.tc.steps}) with --resume to extend it", file=sys.stderr, flush=True)
 
 
 def _dropped(steps: list[int]) -> str:

@@ -6,28 +6,37 @@ Per layer the copy holds four linears instead of seven:
   o_proj   [d, H·D]
   gate_up  [2·h', d]       gate_proj, up_proj stacked                       (h' = h rounded up likewise)
   down     [d, h]
-so each normalised layer input is quantised once for q, k and v, and once for gate and up. As in fp8/fused_llada.py
-each part is padded to whole 128-row blocks (`pad` 128 for FP8, 1 for BF16), so its codes and scales are exactly a
-fresh quantisation of its master tensor and the padding rows (zero codes, zero bias) are never read.
+so each normalised layer input is quantised once for q, k and v, and once for gate and up. As in
+models/llada/fused_fp8.py each part is padded to whole 128-row blocks (`pad` 128 for FP8, 1 for BF16), so its codes and
+scales are exactly a fresh quantisation of its master tensor and the padding rows (zero codes, zero bias) are never
+read.
 
-Numerics: every op outside the linears is Dream's own (models/dream.py: RMSNorm scaled in the input dtype, RoPE in
+Numerics: every op outside the linears is Dream's own (models/dream/model.py: RMSNorm scaled in the input dtype, RoPE in
 the input dtype, `attend_gqa` with the padding rules, `canvas_inputs`), and each FP8Linear quantises its input as the
 walker copy's does, so with the torch backend the fused copy computes what the walker copy (fp8/quantize.py) computes
 up to the summation order of the wider GEMM. Not (yet) here: producers that emit FP8 (LLaDA's Triton producers
 compute RMSNorm and RoPE in LLaDA's rounding order, which differs from Dream's in bf16).
 
 `build_fused_dream(master, backend)` / `sync_fused_dream(master, rollout)`: the master (plain or peft-wrapped
-DreamModel, LoRA merged on the fly) keeps the official names; sync writes each master tensor into its row slice of
-the fused buffers in place. Embeddings, norms and the LM head stay in the master's dtype.
+DreamModel, LoRA merged on the fly; or FSDP2-sharded, one layer gathered at a time) keeps the official names; sync
+writes each master tensor into its row slice of the fused buffers in place. Embeddings, norms and the LM head stay in
+the master's dtype.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm_ais.models.dream import (
+from dllm_ais.fp8.backends import check_backend, prepare_gemm_shapes
+from dllm_ais.fp8.fused_sync import load_rows, round_up
+from dllm_ais.fp8.linear import FP8Linear, resolve_auto
+from dllm_ais.fp8.quant import BLOCK
+from dllm_ais.fp8.walker import canonical_name, effective_weight, linear_layers, named_tensors
+from dllm_ais.models.dream.model import (
     DreamConfig,
     DreamModel,
     DreamOutput,
@@ -38,12 +47,6 @@ from dllm_ais.models.dream import (
     select_positions,
 )
 from dllm_ais.models.kv_cache import KVCache
-
-from .backends import check_backend, prepare_gemm_shapes
-from .fused_llada import _load_rows, _round_up
-from .linear import FP8Linear, resolve_auto
-from .quant import BLOCK
-from .walker import canonical_name, effective_weight, linear_layers, named_tensors
 
 FUSED_PARTS: dict[str, tuple[str, ...]] = {
     "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -62,7 +65,7 @@ class FusedDreamLayer(nn.Module):
         d, h, D = config.hidden_size, config.intermediate_size, config.head_dim
         self.n_heads, self.n_kv, self.head_dim, self.h = config.num_attention_heads, config.num_key_value_heads, D, h
         pad = BLOCK if backend is not None else 1
-        self.qp, self.kp, self.hp = _round_up(self.n_heads * D, pad), _round_up(self.n_kv * D, pad), _round_up(h, pad)
+        self.qp, self.kp, self.hp = round_up(self.n_heads * D, pad), round_up(self.n_kv * D, pad), round_up(h, pad)
         self.input_layernorm = DreamRMSNorm(d, config.rms_norm_eps).to(device=device, dtype=dtype)
         self.post_attention_layernorm = DreamRMSNorm(d, config.rms_norm_eps).to(device=device, dtype=dtype)
         shapes = {"qkv": (d, self.qp + 2 * self.kp, True), "o_proj": (self.n_heads * D, d, False),
@@ -115,6 +118,11 @@ class FusedDream(nn.Module):
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
+    def sync_from(self, master: nn.Module, gather=None, full=None) -> None:
+        """Refill this copy from the master in place (fp8/sync.py `sync_weights` calls it; `gather` / `full` for an
+        FSDP2-sharded master, train/fsdp_sync.py)."""
+        sync_fused_dream(master, self, gather=gather, full=full)
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
 
@@ -140,17 +148,25 @@ def dream_master(model: nn.Module) -> DreamModel | None:
 
 
 @torch.no_grad()
-def sync_fused_dream(master: nn.Module, rollout: FusedDream) -> None:
-    """Copy the master's current weights (LoRA merged) into the fused rollout copy, in place."""
+def sync_fused_dream(master: nn.Module, rollout: FusedDream, gather=None, full=None) -> None:
+    """Copy the master's current weights (LoRA merged) into the fused rollout copy, in place, one tensor at a time.
+
+    `gather(module)` / `full(tensor)` (FSDP2, dllm_ais/train/fsdp_sync.py, as LLaDA's `sync_per_tensor`): a context
+    manager that makes one master layer's sharded parameters (weight, bias, LoRA factors) whole while it is read, and
+    the whole of one sharded tensor; default: the master is unsharded."""
+    gather = gather or contextlib.nullcontext
+    full = full or (lambda t: t)
     peft_root = hasattr(master, "peft_config")
     layers = {canonical_name(n, peft_root): m for n, m in linear_layers(master).items()}
     tensors = {canonical_name(n, peft_root): t for n, t in named_tensors(master)}
 
     def copy(target: torch.Tensor, name: str) -> None:
-        source = effective_weight(layers[name])[0] if name in layers else tensors[name]
-        if source.shape != target.shape:
-            raise KeyError(f"sync: master tensor {name!r} {tuple(source.shape)} does not fit {tuple(target.shape)}")
-        target.copy_(source.detach())
+        if name in layers:
+            with gather(layers[name]):
+                source = effective_weight(layers[name])[0]
+                _checked_copy(target, source, name)
+        else:
+            _checked_copy(target, full(tensors[name].detach()), name)
 
     copy(rollout.embed_tokens.weight, "model.embed_tokens.weight")
     copy(rollout.norm.weight, "model.norm.weight")
@@ -162,10 +178,17 @@ def sync_fused_dream(master: nn.Module, rollout: FusedDream) -> None:
         for fused in FUSED_PARTS:
             target = getattr(layer, fused)
             for name, offset in layer.part_offsets(fused):
-                weight, bias = effective_weight(layers[prefix + name])
-                _load_rows(target, offset, weight)
-                if bias is not None:
-                    target.bias[offset:offset + bias.shape[0]].copy_(bias.detach())
+                with gather(layers[prefix + name]):  # one master linear whole at a time
+                    weight, bias = effective_weight(layers[prefix + name])
+                    load_rows(target, offset, weight)
+                    if bias is not None:
+                        target.bias[offset:offset + bias.shape[0]].copy_(bias.detach())
+
+
+def _checked_copy(target: torch.Tensor, source: torch.Tensor, name: str) -> None:
+    if source.shape != target.shape:
+        raise KeyError(f"sync: master tensor {name!r} {tuple(source.shape)} does not fit {tuple(target.shape)}")
+    target.copy_(source.detach())
 
 
 @torch.no_grad()
@@ -186,3 +209,8 @@ def build_fused_dream(model: nn.Module, backend: str | None, expected_m: int | N
         prepare_gemm_shapes(rollout, [expected_m])
     rollout.requires_grad_(False)
     return rollout.eval()
+
+
+def fp8_copy(model: nn.Module, backend: str, expected_m: int | None = None) -> FusedDream | None:
+    """The family's fp8_copy hook: the fused FP8 copy of a Dream master (plain or peft), None for any other model."""
+    return None if dream_master(model) is None else build_fused_dream(model, backend, expected_m=expected_m)

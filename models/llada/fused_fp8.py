@@ -39,14 +39,14 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from dllm_ais.fp8 import backends, producers
+from dllm_ais.fp8.backends import BACKENDS, check_backend, prepare_gemm_shapes
+from dllm_ais.fp8.fused_sync import load_rows, round_up
+from dllm_ais.fp8.linear import FP8Linear, resolve_auto
+from dllm_ais.fp8.quant import BLOCK
+from dllm_ais.fp8.walker import canonical_name, effective_weight, linear_layers, named_tensors
 from dllm_ais.models.kv_cache import KVCache, attend, window_index, window_rope_positions
-from dllm_ais.models.llada import LLaDAConfig, LLaDAModelLM, LLaDAOutput, RMSNorm
-
-from . import backends, producers
-from .backends import BACKENDS, check_backend, prepare_gemm_shapes
-from .linear import QUANTIZE_INTO, FP8Linear, resolve_auto
-from .quant import BLOCK
-from .walker import canonical_name, effective_weight, linear_layers, named_tensors
+from dllm_ais.models.llada.model import LLaDAConfig, LLaDAModelLM, LLaDAOutput, RMSNorm
 
 FUSED_PARTS: dict[str, tuple[str, ...]] = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
@@ -55,10 +55,6 @@ FUSED_PARTS: dict[str, tuple[str, ...]] = {
     "ff_out": ("ff_out",),
 }
 """Fused linear of a rollout block -> the master block's linears stacked in it (official names), in order."""
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 PRODUCERS = ("triton", "torch")
@@ -80,7 +76,7 @@ def _producer_impl(scheme: str, kind: str) -> SimpleNamespace:
     if kind not in PRODUCERS:
         raise ValueError(f"unknown producers {kind!r}; choose one of {', '.join(PRODUCERS)}")
     if kind == "triton":
-        from . import ops as impl  # Triton: producer_kernels.py, row_producer_kernels.py
+        from dllm_ais.fp8 import ops as impl  # Triton: producer_kernels.py, row_producer_kernels.py
 
         rope = impl.rope
     else:
@@ -98,7 +94,7 @@ class FusedLLaDABlock(nn.Module):
         d, h = config.d_model, config.mlp_hidden_size
         self.n_heads, self.d, self.h = config.n_heads, d, h
         self.pad = BLOCK if backend is not None else 1
-        self.dp, self.hp = _round_up(d, self.pad), _round_up(h, self.pad)
+        self.dp, self.hp = round_up(d, self.pad), round_up(h, self.pad)
         self.attn_norm = RMSNorm(d, config.rms_norm_eps).to(device=device, dtype=dtype)
         self.ff_norm = RMSNorm(d, config.rms_norm_eps).to(device=device, dtype=dtype)
         shapes = {"qkv": (d, 3 * self.dp), "attn_out": (d, d), "gate_up": (d, 2 * self.hp), "ff_out": (h, d)}
@@ -171,6 +167,10 @@ class FusedLLaDA(nn.Module):
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
+    def sync_from(self, master: nn.Module, gather=None, full=None) -> None:
+        """Refill this copy from the master in place (fp8/sync.py `sync_weights` calls it): `sync_fused_llada`."""
+        sync_fused_llada(master, self, gather=gather, full=full)
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.wte
 
@@ -216,22 +216,6 @@ def llada_master(model: nn.Module) -> LLaDAModelLM | None:
     return base if isinstance(base, LLaDAModelLM) else None
 
 
-@torch.no_grad()
-def _load_rows(layer: nn.Module, offset: int, weight: torch.Tensor) -> None:
-    """Write weight [n, K] into rows offset:offset+n of a fused linear, in place (FP8: requantised into the slices of
-    the codes and scales, which is a fresh quantisation because offset is a multiple of 128)."""
-    n = weight.shape[0]
-    if not isinstance(layer, FP8Linear):
-        layer.weight[offset:offset + n].copy_(weight)
-        return
-    if layer.scheme == "block":
-        scales = layer.weight_scale[offset // BLOCK:_round_up(offset + n, BLOCK) // BLOCK]
-    else:
-        scales = layer.weight_scale[offset:offset + n]
-    QUANTIZE_INTO[layer.scheme](weight.detach().to(layer.weight_q.device), layer.weight_q[offset:offset + n],
-                                        scales)
-
-
 def _sync_targets(rollout: FusedLLaDA) -> tuple[list, list]:
     """What a sync writes: copies [(target tensor, master name)] and rows [(block index, fused layer, first row,
     master name, master rows)] (fused_sync.SyncPlan's input; built once per plan)."""
@@ -264,9 +248,9 @@ def sync_fused_llada(master: nn.Module, rollout: FusedLLaDA, gather=None, full=N
     if gather is not None or full is not None:
         sync_per_tensor(master, rollout, gather=gather, full=full)
         return
-    from .fused_sync import sync_plan
+    from dllm_ais.fp8.fused_sync import sync_plan
 
-    sync_plan(master, rollout, _sync_targets, _load_rows).run()
+    sync_plan(master, rollout, _sync_targets, load_rows).run()
 
 
 @torch.no_grad()
@@ -314,7 +298,7 @@ def sync_per_tensor(master: nn.Module, rollout: FusedLLaDA, gather=None, full=No
         for fused in FUSED_PARTS:
             target = getattr(block, fused)
             for name, offset in block.part_offsets(fused):
-                load(prefix + name, lambda w, target=target, offset=offset: _load_rows(target, offset, w))
+                load(prefix + name, lambda w, target=target, offset=offset: load_rows(target, offset, w))
 
 
 @torch.no_grad()
@@ -340,3 +324,13 @@ def build_fused_llada(model: nn.Module, backend: str | None, expected_m: int | N
         prepare_gemm_shapes(rollout, [expected_m])
     rollout.requires_grad_(False)
     return rollout.eval()
+
+
+def fp8_copy(model: nn.Module, backend: str, expected_m: int | None = None) -> FusedLLaDA | None:
+    """The family's fp8_copy hook: the fused FP8 copy of an LLaDA master (plain or peft), None for any other model."""
+    return None if llada_master(model) is None else build_fused_llada(model, backend, expected_m=expected_m)
+
+
+def bf16_copy(model: nn.Module) -> FusedLLaDA:
+    """The family's bf16_sampling_copy hook: the fused BF16 inference copy (same numbers, fewer kernels)."""
+    return build_fused_llada(model, None)

@@ -15,10 +15,8 @@ import torch
 from torch import nn
 
 from dllm_ais.atomic import atomic_dir
-
-from .checkpoint import read_json_object
-from .load import resolve_checkpoint_dir
-from .tiny import BOS, PAD_EOS, tiny_tokenizer, tiny_vocab
+from dllm_ais.models.hub import read_json_object, resolve_checkpoint_dir
+from dllm_ais.models.tiny import BOS, PAD_EOS, tiny_tokenizer, tiny_vocab
 
 QWEN_MODEL_TYPES = ("qwen2", "qwen3")
 
@@ -141,3 +139,28 @@ def save_qwen(model: nn.Module, tokenizer, path: str | os.PathLike) -> Path:
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
     return path
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every block linear of a Qwen2 / Qwen3 decoder layer (transformers' names)."""
+
+
+def lora_targets() -> list[str]:
+    """peft `target_modules` for a Qwen model: every block linear."""
+    return list(LORA_TARGETS)
+
+
+def load_family(cfg):
+    """The family's load hook: (model on cfg.device in eval mode, tokenizer) — the tiny built-in Qwen when cfg.path is
+    None, else a checkpoint directory or hub id."""
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.path is None:
+        return tiny_qwen(seed=cfg.seed, dtype=dtype).to(cfg.device), tiny_qwen_tokenizer()
+    path = resolve_checkpoint_dir(cfg.path)
+    return load_qwen(path, dtype=dtype, device=cfg.device), load_qwen_tokenizer(path)
+
+
+def check_source(path: str | os.PathLike) -> None:
+    """The family's source check: a Qwen directory needs its config.json (transformers reads the rest)."""
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"--model {path}: no config.json, so not a checkpoint directory.")

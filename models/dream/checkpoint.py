@@ -3,7 +3,7 @@
 A directory holds `config.json` (model_type "Dream", `auto_map` pointing at the hub's remote code, which is never
 run), `model.safetensors` or sharded `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`, and
 tokenizer files. Every tensor is checked by name and shape before anything is assigned. Saving goes through
-`checkpoint.save_llada` (it writes either family; architectures ["DreamModel"], so the hub code still opens it).
+`checkpoint.save_checkpoint` (it writes either family; architectures ["DreamModel"], so the hub code still opens it).
 """
 
 from __future__ import annotations
@@ -13,20 +13,23 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import (
+from dllm_ais.families import FAMILIES  # noqa: F401  (the registry first: it imports models/dream/family.py)
+from dllm_ais.models.checkpoint import (
     CheckpointError,
     _read_json,
+    check_model_files,
     checked_config,
     fill_token_ids,
     load_checked_model,
-    read_json_object,
 )
-from .dream import DreamConfig, DreamModel
+from dllm_ais.models.dream.family import ALGORITHMS
+from dllm_ais.models.dream.model import DreamConfig, DreamModel
+from dllm_ais.models.hub import read_json_object
 
 DREAM_MODEL_TYPES = ("Dream", "dream")
 """config.json `model_type` values of a Dream checkpoint (the official one is "Dream")."""
-DREAM_ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-"""Dream's `alg` values (generation_utils.py `sample_tokens`); likelihood/dream_selection.py reads them from here."""
+DREAM_ALGORITHMS = ALGORITHMS
+"""Dream's `alg` values (generation_utils.py `sample_tokens`; the registry record's, models/dream/family.py)."""
 SAMPLING_KEYS = ("alg", "alg_temp", "top_p", "top_k")
 """Dream generation settings a checkpoint's generation_config.json may fix (DreamGenerationConfig's names)."""
 
@@ -62,6 +65,16 @@ def read_dream_config(path: str | os.PathLike) -> DreamConfig:
     return checked_config(config, cfg_file, token_keys, config.vocab_size, f"the vocabulary ({config.vocab_size})")
 
 
+def check_dream_source(path: str | os.PathLike) -> None:
+    """The family's source check, before anything is written: config.json (mask_token_id …) and
+    generation_config.json's sampling settings (alg, alg_temp) parsed and checked, and every tensor's name and shape
+    in the safetensors headers against what config.json implies (no tensor read)."""
+    config = read_dream_config(path)
+    read_dream_sampling(path)
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else None
+    check_model_files(DreamModel, config, Path(path), f"a Dream model with {config.num_hidden_layers} layers", tied)
+
+
 def load_dream(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
                device: str | torch.device = "cpu") -> DreamModel:
     """Load an official-layout Dream directory into DreamModel (eval mode), checking every tensor."""
@@ -71,5 +84,5 @@ def load_dream(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
     tied = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else None
     model = load_checked_model(DreamModel, config, path, dtype, device,
                                f"a Dream model with {config.num_hidden_layers} layers", tied=tied)
-    model.sampling_defaults = sampling  # the checkpoint's alg / alg_temp / top_p / top_k (train/dream_backend.py)
+    model.sampling_defaults = sampling  # the checkpoint's alg / alg_temp / top_p / top_k (models/dream/backend.py)
     return model

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .kv_cache import KVCache, attend, window_index, window_rope_positions
+from dllm_ais.models.kv_cache import KVCache, attend, window_index, window_rope_positions
 
 
 class LLaDAConfig(PretrainedConfig):

@@ -2,7 +2,7 @@
 
 Read off Dream-org/Dream-v0-Instruct-7B `generation_utils.py` (`_sample`, `sample_tokens`) and NVlabs/Fast-dLLM
 `dream/model/generation_utils_block.py`. The law of one step (filtered proposal, confidences, schedule, selection) is
-in likelihood/dream_selection.py, shared with the trajectory likelihood. canvas = [left-padded prompt | MASK × L];
+in models/dream/selection.py, shared with the trajectory likelihood. canvas = [left-padded prompt | MASK × L];
 the model returns raw logits and masked position i reads the raw row i − 1 (Dream's shift).
 
 `cache="none"` — `diffusion_generate`: `steps` full forwards over one block (the whole completion). Step i:
@@ -12,6 +12,11 @@ the model returns raw logits and masked position i reads the raw row i − 1 (Dr
                 the k = int(mean masks per row · (1 − s/t)) most confident commit (all at the last step; one k for
                 the batch; the first step commits nothing when steps = L), or with alg_temp > 0 k positions drawn
                 without replacement from softmax(confidence / alg_temp).
+  threshold τ   Fast-dLLM's uncached `confidence_threshold` (NVlabs/Fast-dLLM dream/model/generation_utils.py):
+                a quota of L / steps per step plus what earlier steps left; the most confident masked position and
+                every other of the quota's most confident with confidence >= τ commit (maskgit_plus confidences);
+                a shortfall at the last step adds a step (selection.py `ThresholdQuota`), so NFE >= steps. Each
+                row keeps its own count (Fast-dLLM runs one row); rows that finished wait for the others.
 `cache="prefix"|"dual"` — Fast-dLLM's `_sample` with `use_cache`: blocks of block_length left to right, steps /
 num_blocks forwards each. A block starts with a full forward (it refreshes every cached K/V) whose draw commits the
 block's first position unconditionally; its later forwards feed the block and everything after it (prefix) or the
@@ -43,9 +48,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_ais.likelihood.dream_selection import (
+from dllm_ais.models.dream.selection import (
     ALGORITHMS,
     DreamRule,
+    ThresholdQuota,
     dream_selection_logprob,
     filter_logits,
     move_probability,
@@ -69,7 +75,7 @@ class DreamSamplerConfig:
     steps: int = 32
     """Denoising steps (forwards) in all; with a cache steps / num_blocks per block."""
     alg: str = "entropy"
-    """origin, maskgit_plus, topk_margin or entropy (likelihood/dream_selection.py)."""
+    """origin, maskgit_plus, topk_margin or entropy (models/dream/selection.py)."""
     alg_temp: float = 0.0
     """0 = commit the k most confident positions; > 0 = draw them from softmax(confidence / alg_temp)."""
     temperature: float = 0.0
@@ -83,9 +89,12 @@ class DreamSamplerConfig:
     cache: str = "none"
     """Fast-dLLM's block KV cache: none (Dream's own generate), prefix or dual."""
     block_length: int | None = None
-    """Block size with a cache (None = gen_length: one block); the uncached generate has a single block."""
+    """Block size with a cache (None = gen_length: one block, which __post_init__ writes back); the uncached generate
+    has a single block."""
     threshold: float | None = None
-    """Fast-dLLM threshold τ in (0, 1] (needs a cache and alg maskgit_plus); None = the fixed schedule."""
+    """Fast-dLLM threshold τ in (0, 1] (alg maskgit_plus, alg_temp 0): with a cache each window step commits the most
+    confident position and every one >= τ; without one, Fast-dLLM's uncached `confidence_threshold` (quota L / steps
+    per step plus what earlier steps left, gen_length divisible by steps; `ThresholdQuota`). None = the schedule."""
 
     def __post_init__(self):
         if self.alg not in ALGORITHMS:
@@ -104,27 +113,31 @@ class DreamSamplerConfig:
             raise ValueError(f"eps={self.eps} must be in (0, 1) (Dream's default 1e-3).")
         if self.cache not in CACHE_MODES:
             raise ValueError(f"Dream cache={self.cache!r}: use one of {', '.join(CACHE_MODES)}.")
+        if self.block_length is None:
+            object.__setattr__(self, "block_length", self.gen_length)
         Lb = self.block
         if self.gen_length % Lb:
             raise ValueError(f"gen_length={self.gen_length} is not a multiple of block_length={Lb}; change one.")
+        if self.threshold is not None:
+            if not 0 < self.threshold <= 1:
+                raise ValueError(f"threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
+            if self.alg != "maskgit_plus" or self.alg_temp > 0:
+                raise ValueError(f"threshold decoding reads maskgit_plus confidences (Fast-dLLM's "
+                                 f"confidence_threshold), not alg={self.alg!r} with alg_temp {self.alg_temp}: set "
+                                 "--dream-alg maskgit_plus (alg_temp 0).")
         if self.cache == "none":
             if Lb != self.gen_length:
                 raise ValueError(f"block_length={Lb} needs a cache (--cache prefix or dual): Dream's own generate "
                                  "has one block.")
-            if self.threshold is not None:
-                raise ValueError("threshold decoding is Fast-dLLM's cached Dream generate: add --cache prefix or dual.")
+            if self.threshold is not None and self.gen_length % self.steps:
+                raise ValueError(f"threshold decoding without a cache needs gen_length ({self.gen_length}) divisible "
+                                 f"by steps ({self.steps}) (Fast-dLLM's assertion); change --steps.")
             return
         if self.steps % self.num_blocks:
             raise ValueError(f"steps={self.steps} must be a multiple of the number of blocks ({self.num_blocks}).")
         if self.alg == "origin":
             raise ValueError("alg='origin' has no cached variant in Fast-dLLM: use --cache none or another alg.")
-        if self.threshold is not None:
-            if not 0 < self.threshold <= 1:
-                raise ValueError(f"threshold={self.threshold} must be in (0, 1] (or None: fixed schedule).")
-            if self.alg != "maskgit_plus" or self.alg_temp > 0:
-                raise ValueError("threshold decoding reads maskgit_plus confidences (Fast-dLLM's "
-                                 "confidence_threshold): set alg maskgit_plus and alg_temp 0.")
-        elif self.steps // self.num_blocks < 2:
+        if self.threshold is None and self.steps // self.num_blocks < 2:
             raise ValueError(f"steps={self.steps} gives {self.steps // self.num_blocks} step per block: the cached "
                              "schedule needs >= 2 (the refresh commits one position only); raise steps.")
 
@@ -136,6 +149,11 @@ class DreamSamplerConfig:
     @property
     def num_blocks(self) -> int:
         return self.gen_length // self.block
+
+    @property
+    def cfg_scale(self) -> float:
+        """Dream's sampler has no classifier-free guidance (the trajectory replay reads SamplerConfig's name)."""
+        return 0.0
 
 
 def _shifted_rows(model, x: torch.Tensor, attn: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
@@ -201,7 +219,8 @@ class _Sampler:
         return tokens, probs
 
     def commit(self, lo: int, logits: torch.Tensor, masked: torch.Tensor, commit: torch.Tensor,
-               tokens: torch.Tensor, probs: torch.Tensor, p_move: float | None = None, forced: bool = False) -> None:
+               tokens: torch.Tensor, probs: torch.Tensor, p_move: float | None = None, forced: bool = False,
+               expected: torch.Tensor | None = None) -> None:
         """Write the committed tokens of canvas positions lo:lo+n and their record; advance the step counter."""
         n = commit.shape[1]
         c0 = lo - self.P
@@ -213,7 +232,7 @@ class _Sampler:
             self.rec.logp[:, c0:c0 + n][commit] = proposal_logprob(logits[commit], tokens[commit],
                                                                    self.rule).float()
         if self.rec.select is not None and not forced:
-            term = dream_selection_logprob(logits, masked, commit, tokens, self.rule, p_move)  # [B]
+            term = dream_selection_logprob(logits, masked, commit, tokens, self.rule, p_move, expected)  # [B]
             sel = self.rec.select[:, c0:c0 + n]
             self.rec.select[:, c0:c0 + n] = torch.where(commit, term[:, None], sel)
         self.step += 1
@@ -241,14 +260,16 @@ class _Sampler:
             commit = commit_mask(conf, torch.full((self.B,), k, device=conf.device)) & masked
         self.commit(lo, logits, masked, commit, tokens, probs)
 
-    def threshold_step(self, lo: int, logits: torch.Tensor) -> None:
-        """Fast-dLLM's threshold commit over canvas positions lo:lo+n (maskgit_plus confidences)."""
+    def threshold_step(self, lo: int, logits: torch.Tensor, quota: torch.Tensor | None = None) -> torch.Tensor:
+        """Fast-dLLM's threshold commit over canvas positions lo:lo+n (maskgit_plus confidences; equality commits);
+        quota [B]: the uncached threshold's (at most the quota most confident). -> the tokens committed per row [B]."""
         n = logits.shape[1]
         masked = self.x[:, lo:lo + n] == self.mask
         tokens, probs = self.draw(logits, masked)
         conf = torch.where(masked, token_confidence(probs, tokens, "maskgit_plus"), -torch.inf)
-        commit = threshold_commit(conf, masked, self.config.threshold)
-        self.commit(lo, logits, masked, commit, tokens, probs)
+        commit = threshold_commit(conf, masked, self.config.threshold, quota)
+        self.commit(lo, logits, masked, commit, tokens, probs, expected=quota)
+        return commit.sum(-1)
 
     def refresh_commit(self, lo: int, logits: torch.Tensor) -> None:
         """A block's refresh: its first position takes the proposal's draw unconditionally (Fast-dLLM)."""
@@ -281,7 +302,7 @@ def dream_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, con
     """Generate `config.gen_length` tokens after each left-padded prompt with Dream's semantics (module docstring).
 
     model: callable as model(input_ids, attention_mask, positions[, kv_cache, window_start]) -> .logits RAW
-    (unshifted, models/dream.py's DreamModel). prompt_ids / prompt_mask [B, P] (left padding). generator: explicit
+    (unshifted, models/dream/model.py's DreamModel). prompt_ids / prompt_mask [B, P] (left padding). generator: explicit
     RNG for the draws. record_selection: also record logp_select. kv_cache: a preallocated cache for the cached modes
     (default: KVCache.for_model(model, B, P + L)); refused unless it holds exactly this batch and canvas.
     """
@@ -289,7 +310,11 @@ def dream_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, con
     prompt_mask = prompt_mask.bool()
     s = _Sampler(model, prompt_ids, prompt_mask, config, mask_token_id, generator, record_selection)
     P, L, Lb = s.P, config.gen_length, config.block
-    if config.cache == "none":
+    if config.cache == "none" and config.threshold is not None:  # Fast-dLLM's uncached confidence_threshold
+        quota = ThresholdQuota(s.B, L, config.steps, prompt_ids.device)
+        while not bool(quota.done.all()):
+            quota.update(s.threshold_step(P, _shifted_rows(model, s.x, s.attn, P, P + L), quota.quota()))
+    elif config.cache == "none":
         for i in range(config.steps):
             s.scheduled_step(P, _shifted_rows(model, s.x, s.attn, P, P + L), i, config.steps)
     else:

@@ -28,8 +28,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .kv_cache import KVCache, window_index
-from .shift import shift_logits  # noqa: F401  (re-exported: Dream's shift)
+from dllm_ais.models.kv_cache import KVCache, window_index
+from dllm_ais.models.shift import shift_logits  # noqa: F401  (re-exported: Dream's shift)
 
 
 class DreamConfig(PretrainedConfig):
@@ -75,7 +75,8 @@ class DreamConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.rms_norm_eps = rms_norm_eps
         self.rope_theta = rope_theta
-        self.rope_scaling = rope_scaling
+        if rope_scaling is not None:  # set only when given: transformers >= 5 warns on every rope_scaling assignment
+            self.rope_scaling = rope_scaling
         self.attention_dropout = attention_dropout
         self.mask_token_id = mask_token_id
         kwargs.pop("use_cache", None)
@@ -110,9 +111,9 @@ class DreamConfig(PretrainedConfig):
                              f"num_key_value_heads={self.num_key_value_heads}.")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act={self.hidden_act!r}: only 'silu' (Dream's SwiGLU) is supported.")
-        if self.rope_scaling is not None and (self.rope_scaling.get("rope_type") or self.rope_scaling.get("type")
-                                              ) not in (None, "default"):
-            raise ValueError(f"rope_scaling={self.rope_scaling}: only default RoPE is supported; set it to null.")
+        scaling = getattr(self, "rope_scaling", None)
+        if scaling is not None and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
+            raise ValueError(f"rope_scaling={scaling}: only default RoPE is supported; set it to null.")
 
 
 def dream_positions(attention_mask: torch.Tensor | None, batch: int, length: int,

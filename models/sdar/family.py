@@ -1,0 +1,42 @@
+"""SDAR's registry record (dllm_ais/families.py) and what SDAR cannot do yet (`refusal`, applied by Preset before
+anything is written; training itself is refused by `resolve_sampler` in models/sdar/backend.py)."""
+
+from __future__ import annotations
+
+from dllm_ais.families import Family, Hook
+
+_M = "dllm_ais.models"
+
+
+def refusal(s, policy_logprob: str, mismatch_estimator: str, trajectory_steps: int | None) -> str | None:
+    """The SamplerConfig `s` settings SDAR's sampler (models/sdar/sampler.py) does not have, in one line, or None."""
+    for bad, why in ((s.remasking == "random", "--remasking random: SDAR's strategies are confidence-ranked or "
+                      "sequential; use --sdar-strategy"),
+                     (s.cache != "none", f"--cache {s.cache}: SDAR's per-block KV cache is native (causal across "
+                      "blocks, always on); drop --cache"),
+                     (s.threshold is not None, "--threshold is Fast-dLLM's; SDAR's threshold rule is --sdar-strategy "
+                      "low_confidence_dynamic --sdar-threshold F"),
+                     (s.cfg_scale != 0, "--cfg-scale: SDAR's sampler has no classifier-free guidance; drop it"),
+                     (s.max_commit_per_step is not None, "--max-commit-per-step is LLaDA's threshold cap; drop it")):
+        if bad:
+            return f"SDAR: {why}."
+    return None
+
+
+FAMILY = Family(
+    name="sdar",
+    title="SDAR",
+    model_types=("sdar",),
+    architectures=("SDARForCausalLM",),
+    tiny=Hook(f"{_M}.sdar.tiny:tiny_sdar_model"),
+    load=Hook(f"{_M}.load:load_model_and_tokenizer"),
+    load_dir=Hook(f"{_M}.sdar.checkpoint:load_sdar"),
+    save=Hook(f"{_M}.checkpoint:save_model"),
+    check_source=Hook(f"{_M}.sdar.checkpoint:check_sdar_source"),
+    lora_targets=Hook(f"{_M}.sdar.model:lora_target_regex"),
+    backend=Hook(f"{_M}.sdar.backend:build_backend"),
+    resolve_sampler=Hook(f"{_M}.sdar.backend:resolve_sampler"),
+    refusal=refusal,
+    fsdp_fp8_refusal="FSDP with FP8 rollouts of an SDAR model is not built yet; SDAR does not train yet.",
+    sampler_fields=("sdar_strategy", "sdar_threshold"),
+)

@@ -1,0 +1,78 @@
+"""SDAR as a family: the registry record, checkpoint detection, `dllm-ais sample` on the tiny built-in SDAR, and
+what it refuses in one line before anything is written (training, other families' flags on it, its flags on
+others, settings its sampler does not have)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dllm_ais.cli import main
+from dllm_ais.config import SamplerConfig, override
+from dllm_ais.presets import get_preset
+from dllm_ais.families import family_of_config, get_family
+from dllm_ais.models.load import detect_family
+
+FIXTURE = Path(__file__).parent / "fixtures" / "sdar_tiny"
+
+
+def test_the_registry_knows_sdar_and_its_checkpoints():
+    family = get_family("sdar")
+    assert family.title == "SDAR" and family.diffusion
+    assert family_of_config({"model_type": "sdar"}) is family
+    assert family_of_config({"architectures": ["SDARForCausalLM"]}) is family
+    assert detect_family(FIXTURE) == "sdar"
+    family.check_source(FIXTURE)
+    model = family.load_dir(FIXTURE, dtype=torch.float32, device="cpu")
+    assert model.config.mask_token_id == 297 and model.config.head_dim == 32
+    tiny = family.tiny(seed=0, dtype=torch.float32)
+    assert tiny.config.model_type == "sdar" and family.lora_targets().endswith("down_proj)")
+
+
+def test_sample_runs_the_tiny_sdar(capsys):
+    assert main(["sample", "--preset", "tiny-sdar", "--prompt", "12+7=", "--prompt", "Hello", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("### ") == 2
+    assert main(["sample", "--preset", "tiny-sdar", "--prompt", "ab", "--temperature", "0", "--sdar-strategy",
+                 "sequential", "--gen-length", "12", "--steps", "6"]) == 0
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--cache", "dual"], "native"),
+    (["--threshold", "0.9"], "--sdar-strategy low_confidence_dynamic"),
+    (["--remasking", "random"], "--remasking random"),
+    (["--gen-length", "6"], "not a multiple of block_length"),
+])
+def test_sample_refuses_what_the_sdar_sampler_lacks(capsys, argv, says):
+    assert main(["sample", "--preset", "tiny-sdar", "--prompt", "x", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the untrained-model note: the one error line
+    assert err.startswith("dllm-ais sample: error:") and says in err
+
+
+def test_sdar_flags_are_refused_on_other_families(capsys):
+    assert main(["sample", "--preset", "tiny-cpu", "--prompt", "x", "--sdar-strategy", "sequential"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("dllm-ais sample: error:") and "SDAR's sampler setting" in err
+    with pytest.raises(ValueError, match="sdar_strategy"):
+        SamplerConfig(sdar_strategy="entropy_bounded")
+
+
+def test_training_an_sdar_is_refused_before_the_run_directory_exists(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "tiny-sdar", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "training is not built yet" in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_backend_maps_the_sampler_settings():
+    from dllm_ais.models.sdar.backend import sdar_sampler_config
+
+    s = override(get_preset("tiny-sdar").sampler, steps=8, sdar_strategy="low_confidence_static",
+                 sdar_threshold=0.7, temperature=0.0)
+    cfg = sdar_sampler_config(s)
+    assert (cfg.denoising_steps, cfg.strategy, cfg.threshold, cfg.temperature) == (4, "low_confidence_static", 0.7,
+                                                                                   0.0)
+    assert sdar_sampler_config(get_preset("tiny-sdar").sampler).strategy == "low_confidence_dynamic"
