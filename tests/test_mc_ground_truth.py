@@ -13,10 +13,10 @@ from dllm_ais.analysis.mc_paths import DreamLaw, LLaDALaw, sample_paths
 from dllm_ais.analysis.mc_plans import merged_steps, step_plan
 from dllm_ais.analysis.mc_testbed import bridge_bed, bridge_model, exact_head_figures
 from dllm_ais.config import PolicyLikelihoodConfig, SamplerConfig
-from dllm_ais.likelihood import dream_trajectory
 from dllm_ais.likelihood.trajectory import merge_commit_steps, path_logprob, replay_plan
+from dllm_ais.models.dream import trajectory as dream_trajectory
+from dllm_ais.models.dream.sampler import DreamSamplerConfig
 from dllm_ais.models.tiny import tiny_dream_model, tiny_model
-from dllm_ais.samplers.dream import DreamSamplerConfig
 
 MASK = 4  # the tiny tokenizer's mask id
 

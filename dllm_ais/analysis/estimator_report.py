@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from dllm_ais.analysis.estimator_families import FAMILY_NAMES, RULES, model_key
 from dllm_ais.analysis.estimator_robust import ranking
 from dllm_ais.analysis.estimator_robust import verdict as robust_verdict
 from dllm_ais.analysis.study_stats import t_quantile
 
-FAMILY_NAMES = {"llada": "LLaDA", "dream": "Dream"}
 FIELDS = ("mse", "bias_sq", "trace_var", "cos_g_star", "cos_grad_j", "rows")
 
 
@@ -32,23 +32,13 @@ def interval(xs: list[float]) -> dict:
 
 def family_rules(cfg: dict) -> list[tuple[str, str]]:
     """(family, sampler rule) of every summarised sampler (results from before Dream joined: LLaDA's only)."""
-    from dllm_ais.analysis.estimators import RULES
-
     return [(f, r) for f in cfg.get("families", ("llada",)) for r in RULES[f]]
 
 
 def rule_label(rule: str) -> str:
     """'LLaDA low_confidence', 'Dream entropy', ... (the family a sampler rule belongs to, named)."""
-    from dllm_ais.analysis.estimators import RULES
-
     family = next(f for f, rules in RULES.items() if rule in rules)
     return f"{FAMILY_NAMES[family]} {rule}"
-
-
-def model_key(family: str, seed: int, checkpoint) -> str:
-    from dllm_ais.analysis.estimators import model_key as key
-
-    return key(family, seed, checkpoint)
 
 
 def summarise(doc: dict) -> dict:

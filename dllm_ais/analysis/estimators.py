@@ -31,23 +31,16 @@ import torch
 
 from dllm_ais.analysis import estimator_draws as D
 from dllm_ais.analysis import exact_testbed as tb
+from dllm_ais.analysis.estimator_families import EXACT_FAMILIES, RULES, model_key
 from dllm_ais.analysis.estimator_features import Features, feature_gradients
 from dllm_ais.analysis.exact_moments import _advantage, _log_multinomial, compositions, level_probs
 from dllm_ais.analysis.exact_objective import objective, objective_gradient
-from dllm_ais.analysis.exact_sampler import canvas_logits, canvas_table, sampler_distribution
+from dllm_ais.analysis.exact_sampler import canvas_logits, canvas_table
 from dllm_ais.models.shift import logits_view
 from dllm_ais.rl.advantages import ADV_EPS
 
-RULES = {"llada": ("low_confidence", "threshold"), "dream": ("entropy", "maskgit_plus")}
-"""The samplers per family: LLaDA's low-confidence remasking and Fast-dLLM's confidence threshold (one block,
-steps = L); Dream's uncached `diffusion_generate` with its entropy and maskgit_plus (low-confidence) rules
-(analysis/exact_dream.py)."""
 MAKE = {"llada": tb.make_llada, "dream": tb.make_dream}
-
-
-def model_key(family: str, seed: int, checkpoint: int) -> str:
-    """results.json's per_model key (LLaDA's without a prefix, as before Dream joined)."""
-    return f"seed{seed}/ck{checkpoint}" if family == "llada" else f"{family}/seed{seed}/ck{checkpoint}"
+"""The testbed model of each family (the samplers per family: estimator_families.RULES)."""
 
 
 @dataclass(frozen=True)
@@ -210,13 +203,9 @@ def mask_moments(cfg: EstimatorsConfig) -> dict[tuple[str, int], D.Moments]:
 
 def distribution_of(family: str, rule: str, cfg: EstimatorsConfig):
     """logits [n, C, L, V] of every canvas -> the sampler's π [n, Y] (differentiable)."""
-    V = cfg.testbed.vocab
-    if family == "dream":
-        from dllm_ais.analysis.exact_dream import dream_distribution
-
-        return lambda logits: dream_distribution(logits, V, rule, cfg.testbed.mask_id)
+    V, fam = cfg.testbed.vocab, EXACT_FAMILIES[family]
     thr = cfg.threshold if rule == "threshold" else None
-    return lambda logits: sampler_distribution(logits, V, rule, threshold=thr)
+    return lambda logits: fam.distribution(logits, V, rule, cfg.testbed.mask_id, thr)
 
 
 def target(model, prompts, logits, cfg: EstimatorsConfig, rule: str, family: str = "llada") -> Target:
@@ -260,12 +249,7 @@ def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int,
             figs = [closed_forms(m, feats, tg, L, cfg.G, cfg.N) for m in reps]
             res.setdefault("spg", {})[str(K)] = _replica_mean(figs, reps[0].mc_draws)
         for name, merge in (("trajectory", 1), ("trajectory-merge2", 2)):
-            if family == "dream":
-                from dllm_ais.analysis.exact_dream import trajectory as dream_trajectory
-
-                mom = dream_trajectory(sp, logits, V, rule, tbc.mask_id, merge)
-            else:
-                mom = D.trajectory(sp, logits, tg.pi, V, thr, merge)
+            mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, tbc.mask_id, thr, merge)
             budget = L if merge == 1 else -(-L // merge)
             res[name] = {str(budget): closed_forms(mom, feats, tg, L, cfg.G, cfg.N)}
         out[rule] = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),

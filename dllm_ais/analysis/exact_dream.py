@@ -1,14 +1,14 @@
 """Exact law of Dream's sampler on the enumerable testbed, for rung 1 of the estimator ladder (issue 40): Dream's
 estimators join the exact card (analysis/estimators.py).
 
-Dream's uncached `diffusion_generate` with steps = L (samplers/dream.py) is a Markov chain over partial canvases
+Dream's uncached `diffusion_generate` with steps = L (models/dream/sampler.py) is a Markov chain over partial canvases
 with a fixed number of commits per step (Dream's schedule k_t = int(masks · (1 − t_{i+1}/t_i)), all at the last
 step: k = 0, 1, 1, 2 at L = 4 — the first step commits nothing). A step from canvas c commits a set C (|C| = k_t)
 of its masked positions with tokens y_C with probability
 
     Π_{j ∈ C} q_j(y_j) · exp(selection term of (C, y_C))
 
-where q is Dream's filtered proposal and the selection term is likelihood/dream_selection.py's
+where q is Dream's filtered proposal and the selection term is models/dream/selection.py's
 `dream_selection_logprob` (entropy: the top-k set by the entropy confidence, an indicator; maskgit_plus: every
 uncommitted draw less confident than the least confident committed one). Both factors are computed here by the
 package's own functions on the canvas's shifted logits (exact_sampler.canvas_logits through models/shift.py's view),
@@ -27,9 +27,9 @@ import torch
 
 from dllm_ais.analysis.exact_sampler import canvas_table
 from dllm_ais.analysis.exact_testbed import sequence_index
-from dllm_ais.likelihood.dream_selection import DreamRule, dream_selection_logprob, proposal_logprob
-from dllm_ais.likelihood.dream_selection import scheduled_count as dream_count
 from dllm_ais.likelihood.selection import LOG_ZERO
+from dllm_ais.models.dream.selection import DreamRule, dream_selection_logprob, proposal_logprob
+from dllm_ais.models.dream.selection import scheduled_count as dream_count
 
 RULES = ("entropy", "maskgit_plus")
 """Dream's rules measured exactly (alg_temp 0, T = 1, no top-p / top-k)."""

@@ -79,28 +79,34 @@ def digits_length(L: int) -> int:
     return L // 2
 
 
+SIZES = {"llada": lambda c: {"d_model": c.d_model, "n_layers": c.n_layers, "n_heads": 2, "mlp_hidden_size": c.mlp},
+         "dream": lambda c: {"hidden_size": c.d_model, "num_hidden_layers": c.n_layers, "num_attention_heads": 2,
+                             "num_key_value_heads": 2, "intermediate_size": c.mlp}}
+"""Family -> the keyword arguments of its tiny model (the family record's `tiny` hook) at cfg's size."""
+
+
 def initial_model(family: str, cfg: LadderModelConfig):
     """The untrained model of `family` (fp32, eval mode), weights drawn from cfg.seed."""
-    from dllm_ais.models.tiny import tiny_dream_model, tiny_model
+    from dllm_ais.families import get_family
 
-    if family == "llada":
-        return tiny_model(seed=cfg.seed, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=2,
-                          mlp_hidden_size=cfg.mlp)
-    if family == "dream":
-        return tiny_dream_model(seed=cfg.seed, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-                                num_attention_heads=2, num_key_value_heads=2, intermediate_size=cfg.mlp)
-    raise ValueError(f"family={family!r}: use one of {', '.join(FAMILIES)}.")
+    if family not in SIZES:
+        raise ValueError(f"family={family!r}: use one of {', '.join(FAMILIES)}.")
+    return get_family(family).tiny(seed=cfg.seed, **SIZES[family](cfg))
 
 
 def preset(family: str, L: int, cfg: LadderModelConfig, init_dir: Path):
-    """The trainer's Preset of one model: digits shift with L/2 digits, one block, steps = L, T = 1."""
+    """The trainer's Preset of one model: digits shift with L/2 digits, one block, steps = L, T = 1 (a family with
+    named position rules, Dream, samples with `cfg.dream_alg`)."""
     from dllm_ais.config import ModelConfig, Preset, SamplerConfig, TrainConfig
+    from dllm_ais.families import get_family
     from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
+    rule = cfg.dream_alg if get_family(family).position_rules else None
     return Preset(
         f"ladder-{family}-L{L}", "rung-2 model of the estimator ladder (dllm_ais/analysis/ladder_models.py)",
         ModelConfig(family=family, path=str(init_dir)),
-        SamplerConfig(gen_length=L, block_length=L, steps=L, temperature=1.0),
+        SamplerConfig(gen_length=L, block_length=L, steps=L, temperature=1.0, dream_alg=rule,
+                      dream_alg_temp=None if rule is None else 0.0),
         TrainConfig(task="digits", task_config={"op": "shift", "length": digits_length(L)}, steps=cfg.rl_steps,
                     prompts_per_step=cfg.prompts_per_step, learning_rate=cfg.rl_lr, sft_steps=0,
                     rollout_precision="bf16", seed=cfg.seed, save_every_minutes=0.0, keep_checkpoints=1),
@@ -132,10 +138,10 @@ def _train(family: str, L: int, cfg: LadderModelConfig, folder: Path, log) -> No
     writes folder/{init, sft, rl, train.json}."""
     from accelerate import PartialState
 
+    from dllm_ais.families import get_family as family_of
     from dllm_ais.models.tiny import tiny_tokenizer
     from dllm_ais.tasks import digits
     from dllm_ais.train.job import build_policy, task_rows_and_reward
-    from dllm_ais.train.job import family as family_of
     from dllm_ais.train.run_dir import RunDir
     from dllm_ais.train.sft import warm_up
     from dllm_ais.train.trainer import Trainer
@@ -143,10 +149,8 @@ def _train(family: str, L: int, cfg: LadderModelConfig, folder: Path, log) -> No
     t0, c0 = time.perf_counter(), time.process_time()
     fam, tok = family_of(family), tiny_tokenizer()
     model = initial_model(family, cfg)
-    if family == "dream":
-        model.sampling_defaults = {"alg": cfg.dream_alg, "alg_temp": 0.0}
-    fam.save(model, tok, folder / "init")
     p = preset(family, L, cfg, folder / "init")
+    fam.save(model, tok, folder / "init")
     backend = fam.backend(p.sampler, model, tok, p.train)
     dc = digits.DigitsConfig(op="shift", length=digits_length(L))
     pairs = digits.sft_pairs(20_000, seed=cfg.seed, config=dc)
@@ -198,7 +202,7 @@ def checkpoints(family: str, L: int, cfg: LadderModelConfig, root: Path = Path("
 
 def load(family: str, directory: Path):
     """The checkpoint in `directory` as an fp32 eval-mode model (the family's own loader)."""
-    from dllm_ais.train.job import family as family_of
+    from dllm_ais.families import get_family as family_of
 
     return family_of(family).load_dir(directory, dtype=torch.float32, device="cpu").eval()
 

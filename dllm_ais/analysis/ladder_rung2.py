@@ -70,17 +70,9 @@ class Rung2Config:
 
 def sampler_law(family: str, sampler: str, L: int, cfg: Rung2Config, mask_id: int):
     """The mc_paths law of a named sampler at length L (T = 1)."""
-    from dllm_ais.analysis.mc_paths import DreamLaw, LLaDALaw
-    from dllm_ais.config import SamplerConfig
+    from dllm_ais.analysis.mc_paths import LAWS
 
-    if family == "llada":
-        block = L // cfg.blocks if sampler == "low_confidence-blocks" else L
-        thr = cfg.threshold if sampler == "threshold" else None
-        return LLaDALaw(SamplerConfig(gen_length=L, block_length=block, steps=L, temperature=1.0, threshold=thr),
-                        mask_id), block
-    from dllm_ais.samplers.dream import DreamSamplerConfig
-
-    return DreamLaw(DreamSamplerConfig(gen_length=L, steps=L, alg=sampler, temperature=1.0), mask_id), L
+    return LAWS[family].named(sampler, L, mask_id, cfg.threshold, cfg.blocks)
 
 
 def digits_bed(family: str, checkpoint: str, L: int, sampler: str, cfg: Rung2Config, directory: Path) -> Bed:

@@ -6,7 +6,7 @@ g* = ∇J̃ of the sampler that ran — the expected GRPO gradient with the exac
 E[(1/(N L)) Σ_i Â_i ∇ log P(path_i)] — estimated without bias from sampled GRPO batches (units of N completions
 in groups of G, each group's prompt uniform over the cell's prompts) through the package's exact path law
 (mc_paths.py: selection terms included; equal to likelihood/trajectory.path_logprob and
-likelihood/dream_trajectory.path_logprob, tested). On the SAME batches every registered estimator
+models/dream/trajectory.path_logprob, tested). On the SAME batches every registered estimator
 (mc_estimators.py) gives its own GRPO gradient; mc_stats.py turns the paired unit vectors into bias², tr Var (at
 batch size N), MSE and cosine with jackknife intervals that include the target's Monte-Carlo error, and the
 target's own standard error. Gradients are those of the LM head only (mc_head.py: the coordinates of the full

@@ -1,11 +1,11 @@
 """Sampled paths and their exact path-likelihood gradients (LM head) for rung 2's Monte-Carlo ground truth.
 
 A batch of completions is drawn by the package's own sampler (LLaDA: samplers/diffusion.py `diffusion_sample`, one
-full forward per step, no cache; Dream: samplers/dream.py `dream_sample`, uncached `diffusion_generate`) through a
+full forward per step, no cache; Dream: models/dream/sampler.py `dream_sample`, uncached `diffusion_generate`) through a
 `HeadTap`, which records every step's logits and head inputs. The law of each recorded step is then evaluated on a
 leaf copy of those logits with the package's exact step law — the same functions `path_logprob` sums
 (LLaDA: likelihood/trajectory.py + selection.py: the proposal term of every committed token and the step's selection
-term, top-k with the schedule's k or threshold; Dream: likelihood/dream_trajectory.py's law, dream_selection.py) —
+term, top-k with the schedule's k or threshold; Dream: models/dream/trajectory.py's law, dream_selection.py) —
 and differentiated through the logits (mc_head.py). No replay forward is needed: the sampler's forward of step t is
 the forward of canvas t.
 
@@ -59,6 +59,15 @@ class LLaDALaw:
         self.config, self.mask = config, mask_token_id
         self.rule = SelectionRule.of(config, mask_token_id)
 
+    @classmethod
+    def named(cls, sampler: str, L: int, mask_token_id: int, threshold: float, blocks: int = 1) -> tuple:
+        """(law, block length) of a named sampler at length L, T = 1, steps = L: `low_confidence` (one block),
+        `low_confidence-blocks` (`blocks` blocks), `threshold` (one block, τ = threshold)."""
+        block = L // blocks if sampler == "low_confidence-blocks" else L
+        thr = threshold if sampler == "threshold" else None
+        config = SamplerConfig(gen_length=L, block_length=block, steps=L, temperature=1.0, threshold=thr)
+        return cls(config, mask_token_id), block
+
     def sample(self, tap: HeadTap, prompt_ids, prompt_mask, stop_ids, generator) -> Rollout:
         from dllm_ais.samplers.diffusion import diffusion_sample
 
@@ -100,13 +109,21 @@ class DreamLaw:
                              "cache; the package scores it from the sampler's record, without a gradient).")
         if config.temperature <= 0:
             raise ValueError("the path law needs a sampling density: temperature > 0.")
-        from dllm_ais.likelihood.dream_selection import DreamRule
+        from dllm_ais.models.dream.selection import DreamRule
 
         self.config, self.mask = config, mask_token_id
         self.rule = DreamRule.of(config, mask_token_id)
 
+    @classmethod
+    def named(cls, sampler: str, L: int, mask_token_id: int, threshold: float, blocks: int = 1) -> tuple:
+        """(law, block length L) of Dream's uncached sampler with position rule `sampler` (its `alg`), T = 1,
+        steps = L (Dream's threshold and blocks need its cache: not measurable here, so both are ignored)."""
+        from dllm_ais.models.dream.sampler import DreamSamplerConfig
+
+        return cls(DreamSamplerConfig(gen_length=L, steps=L, alg=sampler, temperature=1.0), mask_token_id), L
+
     def sample(self, tap: HeadTap, prompt_ids, prompt_mask, stop_ids, generator) -> Rollout:
-        from dllm_ais.samplers.dream import dream_sample
+        from dllm_ais.models.dream.sampler import dream_sample
 
         return dream_sample(tap, prompt_ids, prompt_mask, self.config, self.mask, stop_ids, generator)
 
@@ -114,13 +131,13 @@ class DreamLaw:
         return 0
 
     def step(self, z: torch.Tensor, lo: int, t: int, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """As LLaDALaw.step with Dream's law (dream_trajectory.path_terms): z [B, L, V] the shifted logits."""
-        from dllm_ais.likelihood.dream_selection import (
+        """As LLaDALaw.step with Dream's law (models/dream/trajectory.py): z [B, L, V] the shifted logits."""
+        from dllm_ais.models.dream.selection import (
             dream_selection_logprob,
             move_probability,
             proposal_logprob,
         )
-        from dllm_ais.likelihood.dream_selection import scheduled_count as dream_count
+        from dllm_ais.models.dream.selection import scheduled_count as dream_count
 
         cfg = self.config
         cs, y = rollout.commit_step, rollout.completion_ids
@@ -135,7 +152,7 @@ class DreamLaw:
         return token, sel
 
     def token_logprob(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        from dllm_ais.likelihood.dream_selection import proposal_logprob
+        from dllm_ais.models.dream.selection import proposal_logprob
 
         return proposal_logprob(z, y, self.rule)
 

@@ -16,11 +16,11 @@ import torch
 from dllm_ais.analysis import estimator_draws as D
 from dllm_ais.analysis import estimators as E
 from dllm_ais.analysis import exact_testbed as tb
+from dllm_ais.analysis.estimator_families import EXACT_FAMILIES
 from dllm_ais.analysis.estimator_features import feature_gradients
 from dllm_ais.analysis.exact_sampler import canvas_logits, canvas_table
 from dllm_ais.analysis.mc_ground_truth import Bed
-from dllm_ais.analysis.mc_paths import LLaDALaw
-from dllm_ais.config import SamplerConfig
+from dllm_ais.analysis.mc_paths import LAWS
 from dllm_ais.models.shift import logits_view
 
 
@@ -38,14 +38,7 @@ def bridge_bed(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, rule: str,
     entropy or maskgit_plus)."""
     t = cfg.testbed
     L = t.gen_length
-    if family == "dream":
-        from dllm_ais.analysis.mc_paths import DreamLaw
-        from dllm_ais.samplers.dream import DreamSamplerConfig
-
-        law = DreamLaw(DreamSamplerConfig(gen_length=L, steps=L, alg=rule, temperature=1.0), t.mask_id)
-    else:
-        law = LLaDALaw(SamplerConfig(gen_length=L, block_length=L, steps=L, temperature=1.0,
-                                     threshold=cfg.threshold if rule == "threshold" else None), t.mask_id)
+    law, _ = LAWS[family].named(rule, L, t.mask_id, cfg.threshold)
     answers = tb.answers(prompts, L, t.vocab)  # [n, L]
 
     def reward(idx: torch.Tensor, rollout) -> torch.Tensor:
@@ -88,12 +81,7 @@ def exact_head_figures(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, ru
         out[f"spg:{K}"] = E._replica_mean([E.closed_forms(m, feats, tg, L, cfg.G, cfg.N) for m in reps],
                                           reps[0].mc_draws)
     for label, merge in (("trajectory", 1), ("trajectory-merge2", 2)):
-        if family == "dream":
-            from dllm_ais.analysis.exact_dream import trajectory
-
-            mom = trajectory(sp, logits, V, rule, t.mask_id, merge)
-        else:
-            mom = D.trajectory(sp, logits, tg.pi, V, thr, merge)
+        mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, t.mask_id, thr, merge)
         out[f"{label}:{'all' if merge == 1 else merge}"] = E.closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
     out["_target"] = {"norm_sq": float(tg.g_star @ tg.g_star), "J": tg.J}
     return out
