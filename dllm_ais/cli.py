@@ -14,7 +14,7 @@ import sys
 import dllm_ais
 from dllm_ais.commands.common_args import add_model_args, add_sampler_args
 from dllm_ais.commands.field_flags import FIELD_FLAGS, name_flags
-from dllm_ais.commands.help import HelpFormatter, ShortErrorParser, show_preset_defaults
+from dllm_ais.commands.help import HelpFormatter, ShortErrorParser, brief_help, show_preset_defaults
 from dllm_ais.commands.train import add_train_parser, cmd_train, default_run_dir
 from dllm_ais.commands.train_args import add_fast_rollout_args
 from dllm_ais.commands.train_preset import train_preset
@@ -59,11 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.set_defaults(func=cmd_sample)
     show_preset_defaults(p, "sample")
+    brief_help(p, ("preset", "model", "run", "device", "seed", "gen_length", "block_length", "steps", "temperature",
+                   "cache", "threshold", "prompt", "fp8"))
     from dllm_ais.analysis.evaluate import add_eval_arguments, cmd_eval
     from dllm_ais.analysis.plot import add_plot_arguments, cmd_plot
 
     p = sub.add_parser("eval", help="accuracy of a model, run or checkpoint on a task (d1 evaluation settings)",
-                       formatter_class=HelpFormatter)
+                       formatter_class=HelpFormatter,
+                       description="Score a model on a task's held-out split: --run RUN_DIR (its latest "
+                       "checkpoint, sampled as the run's eval sampler), --model DIR or a hub id, or the tiny built-in "
+                       "model. Greedy decoding at each --gen-length; strict answers by default, or d1's protocol and "
+                       "prompts (--protocol d1). Prints accuracy per length and writes each generation with its score "
+                       "(--out; docs/commands.md).")
     add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("plot", help="PNG curves (reward, lambda, ESS, divergence, mismatch KL) of one or more runs",
@@ -80,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_fast_rollout_args(add_plan_arguments(p))
     p.set_defaults(func=cmd_plan, _parser=p)
     show_preset_defaults(p, "train")
+    brief_help(p, ("preset", "gpu", "gpus", "fsdp", "prompt_len", "json", "model", "lora_r", "rollout_precision",
+                   "gen_length", "prompts_per_step", "num_generations", "steps", "cache", "policy_logprob"))
     # listed for --help only: main() hands `variance ...` to dllm_ais/analysis/variance_cli.py's own parser
     sub.add_parser("variance", help="std of the FP8/BF16 log-ratio vs forward passes per ELBO estimator "
                    "(dllm-ais variance --help)")

@@ -249,14 +249,14 @@ def test_plot_and_variance_out_below_a_file(tmp_path):
 # 5. help ------------------------------------------------------------------------------------------------------------
 
 
-def _help(*args) -> str:
+def _help(*args, flag: str = "--help") -> str:
     parser = build_parser()
     with pytest.raises(SystemExit):
-        parser.parse_args([*args, "--help"])
+        parser.parse_args([*args, flag])
 
 
 def test_train_help_groups_flags_and_shows_the_presets_defaults(capsys):
-    _help("train")
+    _help("train", flag="--help-all")
     text = " ".join(capsys.readouterr().out.split())
     tiny = get_preset("tiny-cpu").train
     assert f"on the {tiny.task} task" in text and "arith task" not in text
@@ -266,6 +266,44 @@ def test_train_help_groups_flags_and_shows_the_presets_defaults(capsys):
         assert title in text
     grpo = text.split("GRPO:")[1].split("run:")[0]
     assert "--loss-type" in grpo and "--dual-clip" in grpo and "--steps" in grpo
+
+
+@pytest.mark.parametrize("command", ["train", "sample", "plan"])
+def test_help_shows_the_common_flags_and_help_all_every_flag(command, capsys):
+    """--help stays short (issue 44: train's was 275 lines) and says how to see the rest; --help-all lists every flag
+    of the parser, each line under 100 characters."""
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0].choices[command]
+    _help(command)
+    brief = capsys.readouterr().out
+    _help(command, flag="--help-all")
+    full = capsys.readouterr().out
+    flags = {o for a in sub._actions for o in a.option_strings if o.startswith("--")}
+    assert len(brief.splitlines()) <= 105 and max(map(len, full.splitlines())) < 100
+    assert all(flag in full for flag in flags)
+    hidden = [flag for flag in flags if flag not in brief]
+    assert hidden and f"{len(sub._actions) - len(sub.brief_dests) - 2} more flags" in " ".join(brief.split())
+    assert f"dllm-ais {command} --help-all" in brief
+
+
+def test_every_likelihood_flag_shows_its_default(capsys):
+    """--elbo-draws / --elbo-scheme / --elbo-ratio-level / --trajectory-selection showed no default (issue 44)."""
+    _help("train", flag="--help-all")
+    text = " ".join(capsys.readouterr().out.split())
+    lik = get_preset("tiny-cpu").train.likelihood
+    for flag, value in (("--elbo-draws K", lik.elbo_draws), ("--elbo-scheme", lik.elbo_scheme),
+                        ("--elbo-ratio-level", lik.elbo_ratio_level), ("--trajectory-selection", "off")):
+        after = text.split(flag, 1)[1].split(" --", 1)[0]
+        assert f"(default: the preset's; tiny-cpu: {value})" in after, (flag, after)
+
+
+def test_brief_help_refuses_a_flag_it_does_not_know():
+    from dllm_ais.commands.help import ShortErrorParser, brief_help
+
+    p = ShortErrorParser(prog="x")
+    p.add_argument("--steps")
+    with pytest.raises(ValueError, match="no flags with dest"):
+        brief_help(p, ("steps", "stepz"))
 
 
 @pytest.mark.parametrize("command", ["train", "sample", "eval", "plot"])

@@ -174,6 +174,9 @@ def test_help_texts(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["sample", "--help"])
     assert "hub id" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "--help"])
+    assert "Score a model on a task's held-out split" in " ".join(capsys.readouterr().out.split())
     from dllm_ais.analysis.variance_cli import build_parser as variance_parser
 
     with pytest.raises(SystemExit):

@@ -11,9 +11,9 @@ import torch
 
 from dllm_ais.cli import main
 from dllm_ais.config import SamplerConfig, override
-from dllm_ais.presets import get_preset
 from dllm_ais.families import family_of_config, get_family
 from dllm_ais.models.load import detect_family
+from dllm_ais.presets import get_preset
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sdar_tiny"
 

@@ -6,10 +6,15 @@ import argparse
 
 from dllm_ais.commands.common_args import add_model_args, family_titles
 from dllm_ais.commands.field_flags import typed_flags
-from dllm_ais.commands.help import DEFAULT_PRESET, HelpFormatter, move_to_group, show_preset_defaults
+from dllm_ais.commands.help import DEFAULT_PRESET, HelpFormatter, brief_help, move_to_group, show_preset_defaults
 from dllm_ais.commands.train_args import add_correction_args, add_fast_rollout_args, add_likelihood_args
 from dllm_ais.commands.train_checks import device_and_backend_checks, preflight_train
 from dllm_ais.commands.train_preset import resume_preset, tracker_list, train_preset
+
+TRAIN_BRIEF = ("preset", "model", "task", "data", "rollout_precision", "cache", "policy_logprob",
+               "correction", "steps", "lr", "beta", "sft_steps", "lora_r", "out", "resume", "save_every_minutes",
+               "report_to")
+"""The flags `dllm-ais train --help` shows (by dest); --help-all shows every flag."""
 
 
 def default_run_dir(preset_name: str, now: float | None = None, pid: int | None = None) -> str:
@@ -93,7 +98,8 @@ def add_train_parser(sub) -> argparse.ArgumentParser:
 
     tiny = get_preset(DEFAULT_PRESET)
     p = sub.add_parser("train", help="AIS-GRPO training (default: tiny LLaDA on CPU, SFT warm-up, FP8 rollouts)",
-                       formatter_class=HelpFormatter,
+                       formatter_class=HelpFormatter, usage="%(prog)s [--preset NAME] [--model DIR] [--out RUN] "
+                       "[--resume] [flags]",
                        description=f"GRPO training of a diffusion ({family_titles(diffusion_only=True)}) or "
                                    "autoregressive (Qwen) model with FP8 "
                                    "rollouts and an importance-sampling correction (default AIS). Without flags it "
@@ -163,4 +169,5 @@ def add_train_parser(sub) -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train, seed=None, _parser=p)
     show_preset_defaults(p, "train")
+    brief_help(p, TRAIN_BRIEF)
     return p

@@ -18,9 +18,9 @@ def add_correction_args(p: argparse.ArgumentParser) -> None:
         CorrectionConfig,
     )
 
-    p.add_argument("--correction", default=None, choices=[*CORRECTIONS, *TRL_ALIASES],
-                   help="mismatch correction (docs/corrections.md); TRL's token_truncate / token_mask / "
-                   "sequence_truncate / sequence_mask also set --correction-level")
+    p.add_argument("--correction", default=None, choices=[*CORRECTIONS, *TRL_ALIASES], metavar="NAME",
+                   help=f"mismatch correction (docs/corrections.md): {', '.join(CORRECTIONS)}; TRL's "
+                   f"{' / '.join(TRL_ALIASES)} also set --correction-level")
     p.add_argument("--correction-level", default=None, choices=CORRECTION_LEVELS,
                    help="weight per sequence, per token, or geometric (exp of the mean token log-ratio)")
     p.add_argument("--is-cap", type=float, default=None, help="C: TIS cap / MIS upper threshold (TRL's clip max)")
