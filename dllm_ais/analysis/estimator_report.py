@@ -135,6 +135,11 @@ def write_readme(doc: dict, path: Path) -> None:
              f"GRPO with group z-scores, G = {cfg['G']}, N = {cfg['N']}; threshold {cfg['threshold']}. "
              "Target g* = ∇J̃ of the sampler used (the exact-likelihood GRPO gradient), intervals: 95 % t over "
              "seeds; 'distinguishable' = the paired t-interval of the per-seed MSE difference excludes 0.", "",
+             "Scope: this is rung 1 of the evidence ladder only — exact, on this tiny testbed; what it says about "
+             "longer completions and larger models is a hypothesis (what rungs 2 and 3 have measured: "
+             "[../README.md](../README.md)). An answer below names the lowest mean MSE only where no single seed "
+             "left out changes it ('no robust answer' otherwise), with its per-seed wins and its paired test "
+             "against the runner-up; 'not distinguishable' means the data do not separate the two.", "",
              "![MSE vs forward passes](mse_vs_forward_passes.png)", "", "## Answer per sampler", ""]
     for rule in summ:
         for ck in summ[rule]:

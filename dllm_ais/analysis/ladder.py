@@ -1,7 +1,9 @@
 """Which policy likelihood to train with — the evidence ladder (issue 40): one command, one table.
 
     python -m dllm_ais.analysis.ladder --out benchmarks/estimators                 # rungs 1 and 2, then the report
-    python -m dllm_ais.analysis.ladder --rungs 2 --quick --out /tmp/ladder          # minutes
+    python -m dllm_ais.analysis.ladder --rungs 2 --quick --out /tmp/ladder          # about a minute
+    python -m dllm_ais.analysis.ladder --rungs 2 --lengths 8 --paths 4096 --out benchmarks/estimators  # the run
+                                                                                     # committed in rung2/
     python -m dllm_ais.analysis.ladder --smoke --out /tmp/ladder                     # seconds (CI)
     python -m dllm_ais.analysis.ladder --report-only --out benchmarks/estimators    # the report from stored results
 
@@ -31,10 +33,21 @@ from dllm_ais.analysis.mc_ground_truth import MCConfig
 from dllm_ais.atomic import atomic_write_text
 
 
-def rung2_config(mode: str) -> R2.Rung2Config:
-    """The full, --quick or --smoke grid of rung 2 (module doc of ladder_rung2.py)."""
+def rung2_config(mode: str, lengths: tuple[int, ...] = (), paths: int | None = None) -> R2.Rung2Config:
+    """The full, --quick or --smoke grid of rung 2 (module doc of ladder_rung2.py); the full grid restricted to
+    `lengths` (when given) with `paths` paths per cell (when given)."""
     if mode == "full":
-        return R2.Rung2Config()
+        from dataclasses import replace
+
+        cfg = R2.Rung2Config()
+        if lengths:
+            grid = tuple((f, s, tuple(L for L in ls if L in lengths)) for f, s, ls in cfg.grid)
+            cfg = replace(cfg, grid=tuple(g for g in grid if g[2]))
+        if paths is not None:
+            cfg = replace(cfg, paths=tuple((L, paths) for L, _ in cfg.paths))
+        return cfg
+    if lengths or paths is not None:
+        raise SystemExit("--lengths / --paths shape the full grid of rung 2: drop --quick / --smoke.")
     if mode == "quick":
         return R2.Rung2Config(grid=(("llada", "low_confidence", (8,)), ("dream", "entropy", (8,))),
                               checkpoints=("rl",), mc=MCConfig(blocks=8, budgets=(1, 2, 4)), paths=((8, 1024),),
@@ -56,9 +69,9 @@ def run_rung1(out: Path, mode: str, log=print) -> None:
     log(f"rung 1: {doc['timing']['seconds']:.0f} s")
 
 
-def run_rung2(out: Path, mode: str, models: Path, log=print) -> None:
+def run_rung2(out: Path, cfg: R2.Rung2Config, models: Path, log=print) -> None:
     t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
-    doc = R2.run(rung2_config(mode), models, log)
+    doc = R2.run(cfg, models, log)
     doc["timing"].update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
                          load_average_start=load0, load_average_end=os.getloadavg(), threads=1)
     timing = doc.pop("timing")
@@ -101,7 +114,8 @@ def report(out: Path) -> dict:
     from dllm_ais.analysis.ladder_rung3 import rung3_contexts
 
     if (out / "rung3" / "summary.json").is_file():
-        rungs["rung 3"] = rung3_contexts(json.loads((out / "rung3" / "summary.json").read_text()))
+        docs["rung3"] = json.loads((out / "rung3" / "summary.json").read_text())
+        rungs["rung 3"] = rung3_contexts(docs["rung3"])
     table = rank_table(rungs, BUDGETS)
     from dllm_ais.analysis.ladder_text import readme
 
@@ -123,8 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rungs", default="1,2", help="comma list of rungs to run (1, 2); rung 3 is the study "
                     "script's (its summary in <out>/rung3 is read when present)")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="minutes: rung 2 at L = 8 only, 2048 paths a cell")
+    mode.add_argument("--quick", action="store_true", help="about a minute: rung 2 at L = 8 only, LLaDA "
+                      "low-confidence and Dream entropy after RL, 1,024 paths a cell")
     mode.add_argument("--smoke", action="store_true", help="seconds: every code path at toy sizes")
+    ap.add_argument("--lengths", default="", help="comma list: rung 2's full grid at these completion lengths only "
+                    "(of 8, 16, 32, 64)")
+    ap.add_argument("--paths", type=int, default=None, help="sampled paths per rung-2 cell at every length (default: "
+                    "ladder_rung2.Rung2Config.paths)")
     ap.add_argument("--models", default="runs/ladder", help="cache of rung 2's trained models (gitignored)")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
     args = ap.parse_args(argv)
@@ -139,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         if "1" in rungs:
             run_rung1(out, m)
         if "2" in rungs:
-            run_rung2(out, m, Path(args.models) if m != "smoke" else out / "models")
+            lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
+            run_rung2(out, rung2_config(m, lengths, args.paths), Path(args.models) if m != "smoke" else out / "models")
     report(out)
     print(f"wrote {out}")
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dllm_ais.analysis.estimator_robust import chosen_settings
+from dllm_ais.analysis.estimator_robust import chosen_settings, ranking
 from dllm_ais.analysis.ladder_rank import fmt, rank_intervals
 from dllm_ais.analysis.study_stats import paired_t
 
@@ -39,7 +39,9 @@ def rung1_contexts(doc: dict) -> dict[str, dict]:
                     hi = paired_t([m[a][chosen[a]]["mse"] - m[c][chosen[c]]["mse"] for m in models])["ci95"][1]
                     return hi < 0
 
-                ctx[str(b)] = {"ranks": rank_intervals(mse, better), "chosen": chosen, "mse": mse}
+                robust = ranking(models, float(b), list(cfg["seeds"]))
+                ctx[str(b)] = {"ranks": rank_intervals(mse, better), "chosen": chosen, "mse": mse,
+                               "robust_winner": robust["winner"] if robust.get("robust") else None}
             out[f"{family}/{rule}/ck{ck}"] = ctx
     return out
 
@@ -66,6 +68,10 @@ def aggregate(contexts: dict[str, dict], b: str) -> dict[str, dict]:
         out[k] = {"can_be_best": sum(r["lo"] == 1 for r in rs), "best": sum(r["rank"] == 1 for r in rs),
                   "n": len(rs), "lo": min(r["lo"] for r in rs), "hi": max(r["hi"] for r in rs),
                   "median": pts[len(pts) // 2]}
+    seeded = [ctx[b] for ctx in contexts.values() if "robust_winner" in ctx.get(b, {})]
+    if seeded:  # rung 1: contexts over model seeds, where a winner no single seed flips is 'robust'
+        for k in out:
+            out[k]["robust"] = sum(c["robust_winner"] == k for c in seeded)
     return out
 
 
@@ -75,8 +81,9 @@ def answer(agg: dict[str, dict]) -> str:
         return "—"
     top = max(a["best"] for a in agg.values())
     names = sorted(k for k, a in agg.items() if a["best"] == top)
-    return "; ".join(f"{k} (best in {agg[k]['best']}/{agg[k]['n']}, can be best in {agg[k]['can_be_best']}/"
-                     f"{agg[k]['n']})" for k in names)
+    return "; ".join(f"{k} (best in {agg[k]['best']}/{agg[k]['n']}"
+                     + (f", robust in {agg[k]['robust']}/{agg[k]['n']}" if "robust" in agg[k] else "")
+                     + f", can be best in {agg[k]['can_be_best']}/{agg[k]['n']})" for k in names)
 
 
 def rank_table(rungs: dict[str, dict[str, dict]], budgets=BUDGETS) -> list[str]:
