@@ -150,3 +150,25 @@ def test_graphed_block_steps_equal_eager(monkeypatch):
     assert len(runner.calls) == 1 and next(iter(runner.calls.values())).graph.replays == graphed.nfe - 1
     with pytest.raises(ValueError, match="needs CUDA"):
         sdar_sample(model, ids, mask, cfg, 4, [])
+
+
+def test_the_dynamic_rule_is_strict_at_tau():
+    """low_confidence_dynamic commits slots with confidence STRICTLY above τ (generate.py; issue 44 asks each
+    threshold rule for its equality case): at exactly τ a slot is not "high", so the step falls back to the quota's
+    most confident (ties to the lower slot). Sampler rule and path law both."""
+    import math
+
+    from dllm_ais.models.sdar.selection import SDARRule, commit_slots, selection_logprob
+
+    rule = SDARRule("low_confidence_dynamic", 1.0, mask_token_id=3, top_k=2, threshold=0.5)
+    masked = torch.ones(1, 4, dtype=torch.bool)
+    conf = torch.tensor([[0.5, 0.5, 0.2, 0.7]])
+    assert commit_slots(conf, masked, torch.tensor([2]), rule).tolist() == [[True, False, False, True]]
+    assert commit_slots(conf, masked, torch.tensor([1]), rule).tolist() == [[False, False, False, True]]
+    # every slot's two best tokens tied, top_k 2: every drawn token has probability exactly 0.5 = τ
+    logits = torch.tensor([0.0, 0.0, -30.0, 0.0]).expand(1, 3, 4)
+    masked, quota, tokens = torch.ones(1, 3, dtype=torch.bool), torch.tensor([1]), torch.tensor([[0, 1, 0]])
+    for commit, expected in (([True, False, False], 0.0), ([True, True, True], -math.inf),
+                             ([False, True, False], -math.inf)):
+        got = float(selection_logprob(logits, masked, torch.tensor([commit]), tokens, quota, rule, -math.inf)[0])
+        assert got == expected or abs(got - expected) < 1e-9, (commit, got)
