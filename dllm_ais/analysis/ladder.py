@@ -107,10 +107,15 @@ def report(out: Path) -> dict:
         docs["rung2"] = json.loads((out / "rung2" / "results.json").read_text())
         rungs["rung 2"] = rung2_contexts(docs["rung2"])
         write_figure(docs["rung2"], out / "mse_vs_L.png")
+        from dllm_ais.analysis.ladder_text import status
+
+        run_md = ["", "How this folder's run was made (command, machine, load, versions): [RUN.md](RUN.md)."] if (
+            out / "rung2" / "RUN.md").is_file() else []
         (out / "rung2" / "README.md").write_text("\n".join(
             ["# Rung 2: Monte-Carlo ground truth per cell (generated)", "",
              "Written by `python -m dllm_ais.analysis.ladder`; numbers from `results.json` (method: module docs of "
-             "`dllm_ais/analysis/mc_ground_truth.py` and `mc_stats.py`)."] + rung2_readme(docs["rung2"])) + "\n")
+             "`dllm_ais/analysis/mc_ground_truth.py` and `mc_stats.py`).", "", status({"rung2": docs["rung2"]})[1]]
+            + run_md + rung2_readme(docs["rung2"])) + "\n")
     from dllm_ais.analysis.ladder_rung3 import rung3_contexts
 
     if (out / "rung3" / "summary.json").is_file():
