@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_ais.analysis.exact_testbed import all_sequences
+from dllm_ais.models.shift import logits_view
 
 
 def a_index(P: int, L: int) -> list[tuple[int, int, int]]:
@@ -67,12 +68,14 @@ def _canvas_ids(prompt: torch.Tensor, vocab: int, L: int, mask_id: int) -> tuple
     return torch.cat(rows), digits
 
 
-def _jacobian_rows(model, ids: torch.Tensor, P: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits z [R, L, V] (float64, detached) and their Jacobian [R, L, V, P_params] float32, `chunk` rows a call."""
-    params = list(model.parameters())
+def _jacobian_rows(model, ids: torch.Tensor, P: int, chunk: int, params: list
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits z [R, L, V] (float64, detached; Dream's through its shifted view) and their Jacobian
+    [R, L, V, P_params] float32 with respect to `params`, `chunk` rows a call."""
+    view = logits_view(model)
     zs, jac = [], []
     for s in range(0, ids.shape[0], chunk):
-        z = model(input_ids=ids[s:s + chunk], positions=slice(P, None)).logits  # [c, L, V]
+        z = view(input_ids=ids[s:s + chunk], positions=slice(P, None)).logits  # [c, L, V]
         eye = torch.eye(z.numel(), dtype=z.dtype).view(-1, *z.shape)
         grads = torch.autograd.grad(z, params, grad_outputs=eye, is_grads_batched=True)
         flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads], 1).float()  # [c L V, P]
@@ -81,9 +84,13 @@ def _jacobian_rows(model, ids: torch.Tensor, P: int, chunk: int) -> tuple[torch.
     return torch.cat(zs), torch.cat(jac)
 
 
-def feature_gradients(model, prompts: torch.Tensor, vocab: int, gen_length: int, chunk: int = 16) -> Features:
-    """Every completion's A and T feature gradients under `model` (copied to float64 for the Jacobian)."""
+def feature_gradients(model, prompts: torch.Tensor, vocab: int, gen_length: int, chunk: int = 16,
+                      head_only: bool = False) -> Features:
+    """Every completion's A and T feature gradients under `model` (copied to float64 for the Jacobian) with respect
+    to every parameter (in `model.parameters()` order), or to the LM head's weight alone (`head_only`: the
+    coordinates rung 2 measures, analysis/mc_head.py)."""
     model = copy.deepcopy(model).double().eval()
+    params = [model.get_output_embeddings().weight] if head_only else list(model.parameters())
     mask_id = model.config.mask_token_id
     n, P = prompts.shape
     L = gen_length
@@ -102,7 +109,7 @@ def feature_gradients(model, prompts: torch.Tensor, vocab: int, gen_length: int,
     grad_a, grad_t, logp_a = [], [], []
     for x in range(n):
         ids, _ = _canvas_ids(prompts[x], vocab, L, mask_id)
-        z, jac = _jacobian_rows(model, ids, P, chunk)  # [2^P C, L, V], [2^P C, L, V, Pp]
+        z, jac = _jacobian_rows(model, ids, P, chunk, params)  # [2^P C, L, V], [2^P C, L, V, Pp]
         V = z.shape[-1]
         p_full = z.softmax(-1)  # [R, L, V]
         q = torch.cat([z[..., :vocab].softmax(-1), torch.zeros_like(z[..., vocab:])], -1)  # proposal, mask removed

@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from dllm_ais.analysis.estimator_families import FAMILY_NAMES, RULES, model_key
+from dllm_ais.analysis.estimator_robust import ranking
+from dllm_ais.analysis.estimator_robust import verdict as robust_verdict
 from dllm_ais.analysis.study_stats import t_quantile
 
 FIELDS = ("mse", "bias_sq", "trace_var", "cos_g_star", "cos_grad_j", "rows")
@@ -27,14 +30,25 @@ def interval(xs: list[float]) -> dict:
     return {"mean": mean, "half": t_quantile(0.975, n - 1) * sd / math.sqrt(n), "n": n}
 
 
+def family_rules(cfg: dict) -> list[tuple[str, str]]:
+    """(family, sampler rule) of every summarised sampler (results from before Dream joined: LLaDA's only)."""
+    return [(f, r) for f in cfg.get("families", ("llada",)) for r in RULES[f]]
+
+
+def rule_label(rule: str) -> str:
+    """'LLaDA low_confidence', 'Dream entropy', ... (the family a sampler rule belongs to, named)."""
+    family = next(f for f, rules in RULES.items() if rule in rules)
+    return f"{FAMILY_NAMES[family]} {rule}"
+
+
 def summarise(doc: dict) -> dict:
     """{rule: {checkpoint: {"estimators": {name: {budget: {field: interval}}}, "winners": {budget: ...}}}}."""
     cfg = doc["config"]
     out: dict = {}
-    for rule in ("low_confidence", "threshold"):
+    for family, rule in family_rules(cfg):
         out[rule] = {}
         for ck in cfg["checkpoints"]:
-            models = [doc["per_model"][f"seed{s}/ck{ck}"][rule] for s in cfg["seeds"]]
+            models = [doc["per_model"][model_key(family, s, ck)][rule] for s in cfg["seeds"]]
             est: dict = {}
             for name, budgets in models[0]["estimators"].items():
                 for b in budgets:
@@ -57,6 +71,7 @@ def summarise(doc: dict) -> dict:
                               "winner_budget": bw, "winner_rows": est[w][bw]["rows"]["mean"],
                               "runner_up_budget": br, "runner_up_rows": est[r][br]["rows"]["mean"],
                               "paired_diff": diff, "distinguishable": bool(diff["mean"] + diff["half"] < 0)}
+                winners[b]["robust"] = ranking([m["estimators"] for m in models], float(b), list(cfg["seeds"]))
             out[rule][str(ck)] = {"estimators": est, "winners": winners,
                                   "J": interval([m["J"] for m in models])}
     return out
@@ -71,17 +86,35 @@ def sentence(rule: str, ck: str, summ: dict) -> str:
     parts = []
     for b, w in summ["winners"].items():
         verdict = ("distinguishable from" if w["distinguishable"] else "not distinguishable from")
-        parts.append(f"at ≤ {b} rows {w['winner']} (K = {w['winner_budget']}, {w['winner_rows']:.2g} rows; MSE "
-                     f"{_fmt(w['mse'])}; {verdict} runner-up {w['runner_up']} (K = {w['runner_up_budget']}) "
-                     f"{_fmt(w['runner_up_mse'])}, intervals {'overlap' if w['overlap'] else 'disjoint'})")
-    return f"**{rule}, checkpoint {ck}**: lowest MSE " + "; ".join(parts) + "."
+        lead = f"at ≤ {b} rows {w['winner']}" if w["robust"]["robust"] else f"at ≤ {b} rows no robust answer"
+        parts.append(f"{lead} (lowest mean: {w['winner']}, K = {w['winner_budget']}, {w['winner_rows']:.2g} rows; "
+                     f"MSE {_fmt(w['mse'])}; {robust_verdict(w['robust'])}; {verdict} runner-up {w['runner_up']} "
+                     f"(K = {w['runner_up_budget']}) {_fmt(w['runner_up_mse'])} by the paired interval)")
+    return f"**{rule_label(rule)}, checkpoint {ck}**: " + "; ".join(parts) + "."
+
+
+def ranking_table(summ: dict) -> list[str]:
+    """Per budget, every estimator at its best fitting setting: mean MSE, seeds won, and the paired test against
+    the budget's lowest-mean estimator (per-seed MSE difference: mean, 95 % t-interval, two-sided p)."""
+    lines = ["| budget | estimator (K) | MSE | seeds won | ΔMSE vs lowest (paired 95 % CI) | p |",
+             "|---|---|---|---|---|---|"]
+    for b, w in summ["winners"].items():
+        r = w["robust"]
+        win = r["winner"]
+        lines.append(f"| ≤ {b} | **{win}** ({r['setting']}) | {_fmt(summ['estimators'][win][r['setting']]['mse'])} "
+                     f"| {r['wins'][win]}/{r['seeds']} | — | — |")
+        for k, pt in sorted(r["paired"].items(), key=lambda kv: kv[1]["mean"]):
+            lo, hi = pt["ci95"]
+            lines.append(f"| ≤ {b} | {k} ({pt['setting']}) | {_fmt(summ['estimators'][k][pt['setting']]['mse'])} | "
+                         f"{pt['wins']}/{r['seeds']} | {pt['mean']:+.3g} [{lo:+.3g}, {hi:+.3g}] | {pt['p']:.2g} |")
+    return lines
 
 
 def _same_as_low_confidence(doc: dict, rule: str, ck: str) -> bool:
     """Whether `rule` gave exactly the low-confidence sampler's J on every seed at checkpoint ck."""
-    if rule == "low_confidence":
+    if rule != "threshold":
         return False
-    ms = [doc["per_model"][f"seed{s}/ck{ck}"] for s in doc["config"]["seeds"]]
+    ms = [doc["per_model"][model_key("llada", s, ck)] for s in doc["config"]["seeds"]]
     return all(m[rule]["J"] == m["low_confidence"]["J"] for m in ms)
 
 
@@ -90,16 +123,23 @@ def write_readme(doc: dict, path: Path) -> None:
     cfg, summ = doc["config"], doc["summary"]
     t = cfg["testbed"]
     lines = ["# Which policy likelihood to train with — exact bias², variance and MSE (generated)", "",
-             "Written by `python -m dllm_ais.analysis.estimators --out benchmarks/estimators` (module doc of "
+             "Written by `python -m dllm_ais.analysis.estimators --out benchmarks/estimators/rung1` (rung 1 of "
+             "`python -m dllm_ais.analysis.ladder`; module doc of "
              "`dllm_ais/analysis/estimators.py` for the method); numbers from `results.json`, figure "
              "`mse_vs_forward_passes.png`. Everything is exact enumeration except SPG's EUBO at K ≥ 2 "
              f"({cfg['spg_draws']} Monte-Carlo draws, `_mc_se` fields in results.json).", "",
-             f"Testbed: tiny LLaDA (d_model {t['d_model']}, {t['n_layers']} layer), V_c = {t['vocab']} tokens, "
+             f"Testbed: tiny {' and '.join(FAMILY_NAMES[f] for f in cfg.get('families', ['llada']))} "
+             f"(d_model {t['d_model']}, {t['n_layers']} layer), V_c = {t['vocab']} tokens, "
              f"prompt length {t['prompt_len']}, L = {t['gen_length']}, {t['num_prompts']} prompts; seeds "
              f"{list(cfg['seeds'])}; checkpoints {list(cfg['checkpoints'])} (SFT steps, 0 = random init); "
              f"GRPO with group z-scores, G = {cfg['G']}, N = {cfg['N']}; threshold {cfg['threshold']}. "
              "Target g* = ∇J̃ of the sampler used (the exact-likelihood GRPO gradient), intervals: 95 % t over "
              "seeds; 'distinguishable' = the paired t-interval of the per-seed MSE difference excludes 0.", "",
+             "Scope: this is rung 1 of the evidence ladder only — exact, on this tiny testbed; what it says about "
+             "longer completions and larger models is a hypothesis (what rungs 2 and 3 have measured: "
+             "[../README.md](../README.md)). An answer below names the lowest mean MSE only where no single seed "
+             "left out changes it ('no robust answer' otherwise), with its per-seed wins and its paired test "
+             "against the runner-up; 'not distinguishable' means the data do not separate the two.", "",
              "![MSE vs forward passes](mse_vs_forward_passes.png)", "", "## Answer per sampler", ""]
     for rule in summ:
         for ck in summ[rule]:
@@ -116,7 +156,11 @@ def write_readme(doc: dict, path: Path) -> None:
     lines += [f"- `{k}`: {v}" for k, v in doc["impossible_budgets"].items()]
     for rule in summ:
         for ck, s in summ[rule].items():
-            lines += ["", f"## {rule}, checkpoint {ck} (J = {_fmt(s['J'])})", "",
+            lines += ["", f"## {rule_label(rule)}, checkpoint {ck} (J = {_fmt(s['J'])})", "",
+                      "Ranking per budget (each "
+                      "estimator at its best setting whose mean rows fit; paired over the seeds):", ""]
+            lines += ranking_table(s)
+            lines += ["", "All settings:", "",
                       "| estimator | budget | rows | MSE | bias² | tr Var (N) | cos(E ĝ, g*) | cos(E ĝ, ∇J) |",
                       "|---|---|---|---|---|---|---|---|"]
             for name, budgets in s["estimators"].items():
@@ -150,7 +194,7 @@ def write_figure(doc: dict, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("expected forward rows per completion")
         ax.set_ylabel("MSE of the GRPO gradient vs g* (log)")
-        ax.set_title(f"{rule}, checkpoint {ck}", fontsize=9)
+        ax.set_title(f"{rule_label(rule)}, checkpoint {ck}", fontsize=9)
         if i == 0:
             ax.legend(fontsize=7)
     fig.suptitle("Exact MSE = bias² + tr Var (N = 64) per policy likelihood; mean over seeds, 95 % t bars")

@@ -1,7 +1,9 @@
 """Which policy likelihood to train with: exact bias², variance, MSE and cosine of each estimator's GRPO gradient
 at equal forward passes per completion (issue 34, item 3).
 
-    python -m dllm_ais.analysis.estimators --out benchmarks/estimators [--smoke]
+    python -m dllm_ais.analysis.estimators --out benchmarks/estimators/rung1 [--smoke]
+
+Rung 1 of the evidence ladder (analysis/ladder.py, issue 40), which runs it with `--rungs 1`.
 
 On the enumerable testbed (exact_testbed.py) at θ = θ_old (ratio 1, nothing clipped) the GRPO ascent direction with
 likelihood s is ĝ = (1/(N L)) Σ_i Â_i ∇s(x_i, y_i; ξ_i) (SPG: (1/N) Σ Â ∇bound, its own loss). Every estimator's
@@ -29,14 +31,16 @@ import torch
 
 from dllm_ais.analysis import estimator_draws as D
 from dllm_ais.analysis import exact_testbed as tb
+from dllm_ais.analysis.estimator_families import EXACT_FAMILIES, RULES, model_key
 from dllm_ais.analysis.estimator_features import Features, feature_gradients
 from dllm_ais.analysis.exact_moments import _advantage, _log_multinomial, compositions, level_probs
 from dllm_ais.analysis.exact_objective import objective, objective_gradient
-from dllm_ais.analysis.exact_sampler import canvas_logits, canvas_table, sampler_distribution
+from dllm_ais.analysis.exact_sampler import canvas_logits, canvas_table
+from dllm_ais.models.shift import logits_view
 from dllm_ais.rl.advantages import ADV_EPS
 
-RULES = ("low_confidence", "threshold")
-"""The samplers: LLaDA's low-confidence remasking and Fast-dLLM's confidence threshold (one block, steps = L)."""
+MAKE = {"llada": tb.make_llada, "dream": tb.make_dream}
+"""The testbed model of each family (the samplers per family: estimator_families.RULES)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class EstimatorsConfig:
     testbed: tb.TestbedConfig = tb.TestbedConfig(vocab=3, prompt_len=1, gen_length=4, num_prompts=3, d_model=32,
                                                  n_layers=1, n_heads=2, mlp=32)
     """Task and model (its seed is replaced by each of `seeds`)."""
+    families: tuple[str, ...] = ("llada", "dream")
+    """Model families of the testbed (same sizes; Dream with shifted logits and its own sampler)."""
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     """Model seeds (weights, prompts, SFT batches)."""
     checkpoints: tuple[int, ...] = (0, 20)
@@ -91,8 +97,9 @@ def impossible_budgets(L: int, budgets: tuple[int, ...]) -> dict[str, str]:
             "elbo-quadrature": "K must be even (K/2 repeats of the 2 Gauss nodes); K = 1 is impossible",
             "coupled": "3 rows per draw (full, partial, complement): measured at 3, none of "
                        f"{', '.join(map(str, budgets))} is reachable",
-            "trajectory": f"one row per sampler step: L = {L} under low-confidence (fewer expected steps under the "
-                          "threshold rule); more rows than steps do not exist",
+            "trajectory": f"one row per sampler step that commits: L = {L} under LLaDA's low-confidence rule (fewer "
+                          "expected steps under the threshold rule; Dream's schedule commits nothing at its first "
+                          f"step: {L - 1} rows); more rows than steps do not exist",
             "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence"}
 
 
@@ -194,39 +201,46 @@ def mask_moments(cfg: EstimatorsConfig) -> dict[tuple[str, int], D.Moments]:
     return out
 
 
-def target(model, prompts, logits, cfg: EstimatorsConfig, rule: str) -> Target:
-    """π, advantage moments and ∇J̃, ∇J of `rule` at `model`."""
+def distribution_of(family: str, rule: str, cfg: EstimatorsConfig):
+    """logits [n, C, L, V] of every canvas -> the sampler's π [n, Y] (differentiable)."""
+    V, fam = cfg.testbed.vocab, EXACT_FAMILIES[family]
+    thr = cfg.threshold if rule == "threshold" else None
+    return lambda logits: fam.distribution(logits, V, rule, cfg.testbed.mask_id, thr)
+
+
+def target(model, prompts, logits, cfg: EstimatorsConfig, rule: str, family: str = "llada") -> Target:
+    """π, advantage moments and ∇J̃, ∇J of `rule` at `model` (logits: every canvas's, through the shifted view for
+    Dream)."""
     tbc = cfg.testbed
     V, L = tbc.vocab, tbc.gen_length
-    thr = cfg.threshold if rule == "threshold" else None
-    pi = sampler_distribution(logits, V, rule, threshold=thr)
+    law = distribution_of(family, rule, cfg)
+    pi = law(logits)
     rewards = tb.rewards(prompts, tb.all_sequences(V, L), V)
     level = (rewards * L).round().long()
     values = torch.arange(L + 1, dtype=torch.float64) / L
     m1, m2, m11 = signed_moments(level_probs(pi, level, L + 1), values, cfg.G)
 
     def dist(m):
-        return sampler_distribution(canvas_logits(m, prompts, canvas_table(V, L), tbc.mask_id), V, rule,
-                                    threshold=thr)
+        return law(canvas_logits(logits_view(m), prompts, canvas_table(V, L), tbc.mask_id))
 
     r_tilde = (m1[0] + m1[1]).gather(1, level) / L
     return Target(pi=pi, level=level, m1=m1, m2=m2, m11=m11, g_star=objective_gradient(dist, model, r_tilde),
                   grad_j=objective_gradient(dist, model, rewards), J=objective(dist, model, rewards))
 
 
-def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int) -> dict:
+def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int, family: str = "llada") -> dict:
     """Every estimator × budget × sampler on one model: {rule: {"J", "estimators": {name: {budget: figures}}}}."""
     tbc = cfg.testbed
     V, L = tbc.vocab, tbc.gen_length
     sp = D.Space(tbc.prompt_len, L)
     feats = feature_gradients(model, prompts, V, L)
     with torch.no_grad():
-        logits = canvas_logits(model, prompts, canvas_table(V, L), tbc.mask_id)
+        logits = canvas_logits(logits_view(model), prompts, canvas_table(V, L), tbc.mask_id)
     spg = {K: D.spg(sp, K, feats.logp_a, cfg.spg_draws, cfg.spg_replicas, cfg.seed + 1000 * seed + K)
            for K in cfg.budgets}
     out = {}
-    for rule in RULES:
-        tg = target(model, prompts, logits, cfg, rule)
+    for rule in RULES[family]:
+        tg = target(model, prompts, logits, cfg, rule, family)
         thr = cfg.threshold if rule == "threshold" else None
         res: dict[str, dict] = {}
         for (name, K), mom in masks.items():
@@ -235,7 +249,7 @@ def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int)
             figs = [closed_forms(m, feats, tg, L, cfg.G, cfg.N) for m in reps]
             res.setdefault("spg", {})[str(K)] = _replica_mean(figs, reps[0].mc_draws)
         for name, merge in (("trajectory", 1), ("trajectory-merge2", 2)):
-            mom = D.trajectory(sp, logits, tg.pi, V, thr, merge)
+            mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, tbc.mask_id, thr, merge)
             budget = L if merge == 1 else -(-L // merge)
             res[name] = {str(budget): closed_forms(mom, feats, tg, L, cfg.G, cfg.N)}
         out[rule] = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),
@@ -263,16 +277,17 @@ def run(cfg: EstimatorsConfig, out_dir: Path | None, log=print) -> dict:
     t0, load0 = time.perf_counter(), os.getloadavg()
     masks = mask_moments(cfg)
     per_seed = {}
-    for seed in cfg.seeds:
-        tbc = tb.TestbedConfig(**{**asdict(cfg.testbed), "seed": seed})
-        model = tb.make_llada(tbc)
-        states = tb.sft_checkpoints(model, tbc, cfg.checkpoints, lr=cfg.sft_lr)
-        prompts = tb.draw_prompts(tbc)
-        for ck in cfg.checkpoints:
-            model.load_state_dict(states[ck])
-            model.eval()
-            per_seed[f"seed{seed}/ck{ck}"] = analyse_model(model, prompts, cfg, masks, seed)
-            log(f"seed {seed} checkpoint {ck}: {time.perf_counter() - t0:.0f} s")
+    for family in cfg.families:
+        for seed in cfg.seeds:
+            tbc = tb.TestbedConfig(**{**asdict(cfg.testbed), "seed": seed})
+            model = MAKE[family](tbc)
+            states = tb.sft_checkpoints(model, tbc, cfg.checkpoints, family=family, lr=cfg.sft_lr)
+            prompts = tb.draw_prompts(tbc)
+            for ck in cfg.checkpoints:
+                model.load_state_dict(states[ck])
+                model.eval()
+                per_seed[model_key(family, seed, ck)] = analyse_model(model, prompts, cfg, masks, seed, family)
+                log(f"{family} seed {seed} checkpoint {ck}: {time.perf_counter() - t0:.0f} s")
     doc = {"config": asdict(cfg), "impossible_budgets": impossible_budgets(cfg.testbed.gen_length, cfg.budgets),
            "per_model": per_seed}
     doc["summary"] = summarise(doc)
@@ -299,7 +314,8 @@ def write_outputs(doc: dict, out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/estimators", help="output folder (results.json, README.md, figure)")
+    ap.add_argument("--out", default="benchmarks/estimators/rung1",
+                    help="output folder (results.json, README.md, figure)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of every code path (tiny settings)")
     ap.add_argument("--report-only", action="store_true",
                     help="re-summarise the folder's results.json (its per-model numbers are kept) and rewrite it, "

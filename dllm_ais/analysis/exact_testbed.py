@@ -105,6 +105,16 @@ def make_llada(cfg: TestbedConfig):
                       mask_token_id=cfg.mask_id, eos_token_id=0, pad_token_id=0, bos_token_id=0, eot_token_id=0)
 
 
+def make_dream(cfg: TestbedConfig):
+    """The tiny Dream over V_c + 1 tokens (the last is the mask; shifted logits), fp32, eval mode."""
+    from dllm_ais.models.tiny import tiny_dream_model
+
+    return tiny_dream_model(seed=cfg.seed, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                            num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
+                            intermediate_size=cfg.mlp, vocab_size=cfg.vocab + 1, max_position_embeddings=64,
+                            mask_token_id=cfg.mask_id, eos_token_id=0, pad_token_id=0, bos_token_id=0)
+
+
 def make_qwen(cfg: TestbedConfig):
     """The tiny Qwen3 over the V_c content tokens only (no BOS: the prompt's first token starts the sequence)."""
     from dllm_ais.models.qwen.model import tiny_qwen
@@ -127,7 +137,7 @@ def _ar_sft_loss(model, prompts, targets, mask_id, g):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-SFT_LOSSES = {"llada": _diffusion_sft_loss, "qwen": _ar_sft_loss}
+SFT_LOSSES = {"llada": _diffusion_sft_loss, "dream": _diffusion_sft_loss, "qwen": _ar_sft_loss}
 
 
 def sft_checkpoints(model, cfg: TestbedConfig, steps: tuple[int, ...], family: str = "llada", lr: float = 3e-3,

@@ -33,7 +33,8 @@ def read_runs(folder: Path) -> list[dict]:
 def arm_columns(summary: dict, runs: Sequence[dict]) -> tuple[list[str], dict[str, dict[int, float]]]:
     """Column names (SFT model first, then the arms in summary order) and per column {seed: primary metric}."""
     key = summary["primary_metric"]["key"]
-    cols: dict[str, dict[int, float]] = {"SFT model": {int(s): v[key] for s, v in summary.get("sft", {}).items()}}
+    cols: dict[str, dict[int, float]] = {"SFT model": {int(s): v[key] for s, v in summary.get("sft", {}).items()
+                                                       if key in v}}  # none for a training-curve metric
     for name in summary["arms"]:
         cols[name] = {r["seed"]: r[key] for r in runs if r["arm"] == name}
     names = [n for n in cols if cols[n]]

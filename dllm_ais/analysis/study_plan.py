@@ -520,7 +520,8 @@ def summarize_plan(plan: Plan, results: Sequence[dict], sft: dict[int, dict], re
         arms_out[name] = entry
     ess_final = {n: e["ess_final"]["mean"] for n, e in arms_out.items()}
     base = plan.baseline
-    gain_diffs = [by[base][s][key] - sft[s][key] for s in sorted(by.get(base, {})) if s in sft]
+    gain_diffs = [by[base][s][key] - sft[s][key] for s in sorted(by.get(base, {}))
+                  if s in sft and key in sft[s]]  # a training-curve metric (final_reward) has no SFT score: no gain
     bf16_gain = paired_t(gain_diffs, alternative="greater")
     tests, pvals = {}, {}
     for c in comparisons(plan):

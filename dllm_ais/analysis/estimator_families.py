@@ -1,0 +1,73 @@
+"""The exact testbed's model families (rung 1 of the estimator ladder, analysis/estimators.py): per family its sampler
+rules, its key in results.json, the sampler's exact law π over every completion and the trajectory likelihood's
+coefficient moments. Chosen once by `EXACT_FAMILIES[name]` (no branch on a family's name elsewhere).
+
+LLaDA: the low-confidence remasking rule and Fast-dLLM's confidence threshold (one block, steps = L;
+analysis/exact_sampler.py, estimator_draws.trajectory). Dream: the uncached `diffusion_generate` with its entropy and
+maskgit_plus rules (analysis/exact_dream.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ExactFamily:
+    """What rung 1 needs of one model family."""
+
+    title: str
+    """The family's name in reports ('LLaDA', 'Dream')."""
+    rules: tuple[str, ...]
+    """Its samplers' position rules, in report order."""
+    key_prefix: str
+    """Prefix of its results.json per_model keys ('' for LLaDA's, as before Dream joined)."""
+    distribution: Callable[..., torch.Tensor]
+    """(logits [n, C, L, V], vocab, rule, mask_id, threshold) -> π [n, V^L] (differentiable)."""
+    trajectory: Callable
+    """(Space, logits, π, vocab, rule, mask_id, threshold, merge) -> estimator_draws.Moments."""
+
+
+def _llada_distribution(logits, vocab, rule, mask_id, threshold):
+    from dllm_ais.analysis.exact_sampler import sampler_distribution
+
+    return sampler_distribution(logits, vocab, rule, threshold=threshold)
+
+
+def _llada_trajectory(sp, logits, pi, vocab, rule, mask_id, threshold, merge):
+    from dllm_ais.analysis import estimator_draws as D
+
+    return D.trajectory(sp, logits, pi, vocab, threshold, merge)
+
+
+def _dream_distribution(logits, vocab, rule, mask_id, threshold):
+    from dllm_ais.analysis.exact_dream import dream_distribution
+
+    return dream_distribution(logits, vocab, rule, mask_id)
+
+
+def _dream_trajectory(sp, logits, pi, vocab, rule, mask_id, threshold, merge):
+    from dllm_ais.analysis.exact_dream import trajectory
+
+    return trajectory(sp, logits, vocab, rule, mask_id, merge)
+
+
+EXACT_FAMILIES = {
+    "llada": ExactFamily("LLaDA", ("low_confidence", "threshold"), "", _llada_distribution, _llada_trajectory),
+    "dream": ExactFamily("Dream", ("entropy", "maskgit_plus"), "dream/", _dream_distribution, _dream_trajectory),
+}
+"""Rung 1's families by name."""
+
+RULES = {name: f.rules for name, f in EXACT_FAMILIES.items()}
+"""The samplers per family (the keys of results.json's per-rule tables)."""
+
+FAMILY_NAMES = {name: f.title for name, f in EXACT_FAMILIES.items()}
+"""Family name -> its title in reports."""
+
+
+def model_key(family: str, seed: int, checkpoint) -> str:
+    """results.json's per_model key (LLaDA's without a prefix, as before Dream joined)."""
+    return f"{EXACT_FAMILIES[family].key_prefix}seed{seed}/ck{checkpoint}"

@@ -1,0 +1,54 @@
+"""The estimator ladder's command (analysis/ladder.py): --smoke is bit-reproducible (rung 2's models trained anew each
+time, its Monte Carlo, the report and the figure), and the rank intervals move only past distinguishable rivals."""
+
+from dllm_ais.analysis import ladder
+from dllm_ais.analysis.ladder_rank import rank_intervals
+
+
+def test_smoke_is_bit_reproducible(tmp_path):
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        assert ladder.main(["--smoke", "--rungs", "2", "--out", str(out)]) == 0
+    for name in ("rung2/results.json", "rung2/README.md", "README.md", "ladder.json", "mse_vs_L.png"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    text = (outs[0] / "README.md").read_text()
+    assert "| ≤ 1 |" in text and "rung 2" in text
+
+
+def test_rank_intervals():
+    mse = {"a": 1.0, "b": 1.1, "c": 3.0}
+    sep = {("a", "c"), ("b", "c")}  # c is distinguishably worse than both; a and b are not distinguishable
+    r = rank_intervals(mse, lambda x, y: (x, y) in sep)
+    assert r["a"] == {"rank": 1, "lo": 1, "hi": 2}
+    assert r["b"] == {"rank": 2, "lo": 1, "hi": 2}
+    assert r["c"] == {"rank": 3, "lo": 3, "hi": 3}
+
+
+def test_the_committed_rung2_results_come_from_the_documented_command():
+    """benchmarks/estimators/rung2/results.json holds the config of `--rungs 2 --lengths 8 --paths 4096` (RUN.md's
+    command), so the folder is what that command writes."""
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    stored = json.loads((repo / "benchmarks" / "estimators" / "rung2" / "results.json").read_text())["config"]
+    cfg = ladder.rung2_config("full", (8,), 4096)
+    assert json.loads(json.dumps(asdict(cfg), default=float)) == stored
+    assert {L for _, _, ls in stored["grid"] for L in ls} == {8}
+
+
+def test_the_status_says_what_each_rung_lacks():
+    """The generated README says 'not run at scale' without rung 2's results and 'runs not done' without rung 3's,
+    and names the paths per cell against the issue's 10^5."""
+    from dllm_ais.analysis.ladder_text import status
+
+    empty = "\n".join(status({}))
+    assert "Rung 2 (Monte-Carlo ground truth): not run at scale" in empty and "runs not done" in empty
+    cfg = ladder.rung2_config("full", (8,), 4096)
+    from dataclasses import asdict
+
+    doc = {"rung2": {"config": asdict(cfg), "cells": {"a": {}, "b": {}}}}
+    text = "\n".join(status(doc))
+    assert "2 cells" in text and "4,096 sampled paths per cell" in text and "≥ 100,000" in text
+    assert "L = 8 only" in text and "not run at scale" in text
