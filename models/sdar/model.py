@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
 
-from dllm_ais.models.dream.model import attend_gqa, rope_tables, rotate, select_positions
+from dllm_ais.models.gqa import attend_gqa, rope_tables, rotate, select_positions
 from dllm_ais.models.kv_cache import KVCache, window_index
 
 
