@@ -73,12 +73,14 @@ def test_a_released_checkpoint_rolls_out_the_presets_rule_with_the_dual_cache(tm
     assert len(rows) == 1 and torch.isfinite(torch.tensor(rows[0][M.MISMATCH_KL]))
 
 
-def test_origin_with_the_dual_cache_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys):
+@pytest.mark.parametrize("estimator", [[], ["--mismatch-estimator", "trajectory"]], ids=["as-typed", "trajectory"])
+def test_origin_with_the_dual_cache_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, estimator):
+    """The issue's command as typed: the refusal names origin (not the estimator the cache would need next)."""
     from dllm_ais.cli import main
 
     out = tmp_path / "run"
     assert main(["train", "--preset", "dream-7b-gsm8k", "--model", str(FIXTURE), "--dream-alg", "origin", "--cache",
-                 "dual", "--mismatch-estimator", "trajectory", "--out", str(out)]) == 2
+                 "dual", *estimator, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "--dream-alg origin draws a random order" in err and len(err.splitlines()) == 1, err
     assert not out.exists()
