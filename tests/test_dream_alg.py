@@ -10,6 +10,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from dllm_ais.presets import get_preset
