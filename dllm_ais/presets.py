@@ -88,12 +88,15 @@ PRESETS: dict[str, Preset] = {
                            prompts_per_step=16, learning_rate=5e-4, sft_steps=35, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=5, num_iterations=2)),
-        # tiny-sdar: the tiny built-in SDAR (models/sdar/tiny.py; blocks of 4, 2 steps each) for `dllm-ais sample`;
-        # `train` refuses SDAR before any write (models/sdar/backend.py): the training half is tiny-cpu's, untuned.
-        Preset("tiny-sdar", "Tiny built-in SDAR on CPU (block diffusion, blocks of 4): sampling only until it trains.",
+        # tiny-sdar: the tiny built-in SDAR (models/sdar/tiny.py; blocks of 4, 2 steps each), the block-wise ELBO
+        # as its policy likelihood (models/sdar/likelihood.py); tiny-cpu's recipe otherwise (docs/cpu.md, "The
+        # tiny-sdar preset").
+        Preset("tiny-sdar", "Tiny built-in SDAR on CPU (block diffusion, blocks of 4): SFT warm-up on digits, then "
+               "AIS-GRPO with FP8 rollouts and the block-wise ELBO.",
                ModelConfig(family="sdar"), SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
-                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2),
+                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2,
+                           policy_logprob="elbo"),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=8, num_iterations=2)),
         # tiny-cpu-justgrpo: tiny-cpu decoded left to right (block length 1: one position per block, each step

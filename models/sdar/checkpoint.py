@@ -23,9 +23,9 @@ import torch
 from dllm_ais.models.checkpoint import (
     CheckpointError,
     _read_json,
+    check_model_files,
     checked_config,
     fill_token_ids,
-    check_model_files,
     load_checked_model,
 )
 from dllm_ais.models.hub import read_json_object

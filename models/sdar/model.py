@@ -381,12 +381,13 @@ class SDARModel(PreTrainedModel):
 
 
 def two_stream_logits(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, keep: torch.Tensor | None,
-                      block_length: int) -> torch.Tensor:
+                      block_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [B, T, V] of the noisy stream of one two-stream forward (the official training forward's layout):
     input [x_t | x_0] [B, 2T], positions [p | p] with p = cumsum(keep) − 1, mask `two_stream_mask(T, block_length)`
     with padding keys hidden. Row b's noisy block k gets the logits a block-causal forward gives block k when it holds
     x_t's block k after x_0's blocks < k — in one forward for every block. noisy_ids, clean_ids [B, T] on a
-    block-aligned canvas (padding whole blocks, `block_canvas`), keep [B, T] bool (None = no padding)."""
+    block-aligned canvas (padding whole blocks, `block_canvas`), keep [B, T] bool (None = no padding); positions
+    [B, M] long (noisy-stream columns) returns [B, M, V] for those only."""
     B, T = noisy_ids.shape
     dev = noisy_ids.device
     keep = torch.ones(B, T, dtype=torch.bool, device=dev) if keep is None else keep.bool()
@@ -395,7 +396,7 @@ def two_stream_logits(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, k
     mask = (two_stream_mask(T, block_length, dev)[None] & keep2[:, None, :]) | torch.eye(2 * T, dtype=torch.bool,
                                                                                        device=dev)
     out = model(input_ids=torch.cat([noisy_ids, clean_ids], dim=1), attention_mask=mask[:, None],
-                position_ids=torch.cat([pos, pos], dim=1), positions=slice(0, T))
+                position_ids=torch.cat([pos, pos], dim=1), positions=slice(0, T) if positions is None else positions)
     return out.logits
 
 
