@@ -67,18 +67,28 @@ def draw_block_masks(counted: torch.Tensor, block_length: int, num_draws: int, g
     return mask.reshape(B, K, T), weight.reshape(B, K, T)
 
 
+def first_noisy_column(mask: torch.Tensor, block_length: int) -> int:
+    """The first block boundary at or before every row's first masked slot (mask [B, T] bool): the noisy stream
+    can start there (`two_stream_logits` noisy_from); 0 when nothing is masked."""
+    cols = mask.any(0).nonzero()
+    return 0 if cols.numel() == 0 else int(cols[0, 0]) // block_length * block_length
+
+
 def masked_token_logp(model, clean: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor, block_length: int,
                       mask_token_id: int) -> torch.Tensor:
     """[B, T] log p_θ(x_0[j] | noisy block, clean blocks before it) at the masked slots (0 elsewhere), from ONE
-    two-stream forward. clean [B, T] x_0, keep [B, T], mask [B, T] bool (the draw's x_t = clean with mask -> mask
-    token). Only the masked slots go through the LM head."""
+    two-stream forward (its noisy stream from the first block holding a masked slot). clean [B, T] x_0, keep
+    [B, T], mask [B, T] bool (the draw's x_t = clean with mask -> mask token). Only the masked slots go through the
+    LM head."""
     B, T = clean.shape
     noisy = torch.where(mask, mask_token_id, clean)
     counts = mask.sum(-1)  # [B]
     M = max(int(counts.max()), 1)
     pos = mask.long().argsort(dim=-1, descending=True, stable=True)[:, :M]  # [B, M] masked slots first
     valid = torch.arange(M, device=clean.device)[None, :] < counts[:, None]  # [B, M]
-    logits = two_stream_logits(model, noisy, clean, keep, block_length, positions=pos)  # [B, M, V]
+    s = first_noisy_column(mask, block_length)
+    logits = two_stream_logits(model, noisy, clean, keep, block_length, positions=(pos - s).clamp(min=0),
+                               noisy_from=s)  # [B, M, V]
     lp = token_logprobs(logits, clean.gather(1, pos)).masked_fill(~valid, 0.0)  # [B, M]
     return torch.zeros(B, T, dtype=lp.dtype, device=lp.device).scatter(1, pos, lp)
 
@@ -129,6 +139,7 @@ def sft_loss(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, complet
     p = (1 - eps) * t + eps  # [B, 1]
     mask = counted & (torch.rand(clean.shape, generator=generator, device=dev) < p)  # [B, T]
     noisy = torch.where(mask, mask_token_id, clean)
-    logits = two_stream_logits(model, noisy, clean, canvas.keep, block_length)  # [B, T, V]
-    nll = F.cross_entropy(logits.float().transpose(1, 2), clean, reduction="none")  # [B, T]
-    return torch.where(mask, nll / p, 0.0).sum() / (B * L)
+    s = canvas.first_block * block_length  # the first block holding a completion slot
+    logits = two_stream_logits(model, noisy, clean, canvas.keep, block_length, noisy_from=s)  # [B, T − s, V]
+    nll = F.cross_entropy(logits.float().transpose(1, 2), clean[:, s:], reduction="none")  # [B, T − s]
+    return torch.where(mask[:, s:], nll / p, 0.0).sum() / (B * L)
