@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dllm_ais.config import ModelConfig, Preset, SamplerConfig, TrainConfig
+from dllm_ais.config import ModelConfig, PolicyLikelihoodConfig, Preset, SamplerConfig, TrainConfig
 from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 
@@ -117,8 +117,8 @@ PRESETS: dict[str, Preset] = {
                "AIS-GRPO with FP8 rollouts and the block-wise ELBO.",
                ModelConfig(family="sdar"), SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
-                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2,
-                           policy_logprob="elbo"),
+                           prompts_per_step=16, learning_rate=5e-4, sft_steps=60, mismatch_num_draws=2,
+                           policy_logprob="elbo", likelihood=PolicyLikelihoodConfig(elbo_draws=1)),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=8, num_iterations=2)),
         # tiny-cpu-justgrpo: tiny-cpu decoded left to right (block length 1: one position per block, each step

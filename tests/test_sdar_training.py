@@ -142,6 +142,8 @@ def test_coupled_ratio_is_zero_for_one_model_and_the_elbo_difference_for_two(mod
         seq = backend.mismatch_log_w(model, roll, rollout, g(), "sequence")
         tok = backend.mismatch_log_w(model, roll, rollout, g(), "token")
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=g()))
+        assert backend.mismatch_num_draws != backend.likelihood.elbo_draws  # ℓ's own K
+        backend = replace(backend, likelihood=replace(backend.likelihood, elbo_draws=backend.mismatch_num_draws))
         diff = backend.token_logp(model, rollout, seed) - backend.token_logp(roll, rollout, seed)
     torch.testing.assert_close(tok, torch.where(rollout.completion_mask, diff, 0.0))
     torch.testing.assert_close(seq, tok.sum(-1))

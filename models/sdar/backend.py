@@ -8,7 +8,8 @@ likelihoods (models/sdar/likelihood.py, models/sdar/trajectory.py).
   terms whose sum is the sequence ELBO; `trajectory` — the exact path law of the rollout (models/sdar/trajectory.py:
   every step's filtered-proposal term, plus its selection term with --trajectory-selection), per token.
 - mismatch ratio ℓ = log π_old − log μ (`--mismatch-estimator`): `elbo` — the coupled block-wise ELBO difference of
-  the master and the rollout copy on the same draws (sequence: summed; token / geometric: per token); `trajectory` —
+  the master and the rollout copy on the same K = --mismatch-num-draws draws (sequence: summed; token / geometric:
+  per token); `trajectory` —
   the exact path law of the path that ran, replayed under both (per token; summed for sequence).
 - SFT warm-up: SDAR's own objective (likelihood.py `sft_loss`) through the two-stream forward.
 
@@ -90,12 +91,13 @@ class SDARBackend(DiffusionBackend):
         """Every counted token is scored (no Horvitz–Thompson subsampling)."""
         return None
 
-    def _elbo(self, model, rollout: Rollout, generator: torch.Generator, rows=None) -> torch.Tensor:
+    def _elbo(self, model, rollout: Rollout, generator: torch.Generator, rows=None, num_draws=None) -> torch.Tensor:
         from dllm_ais.models.sdar.likelihood import block_elbo_token_logp
 
         return block_elbo_token_logp(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                                      rollout.completion_mask, block_length=self.sdar.block_length,
-                                     gen_length=self.sdar.gen_length, num_draws=self.likelihood.elbo_draws,
+                                     gen_length=self.sdar.gen_length,
+                                     num_draws=num_draws or self.likelihood.elbo_draws,
                                      generator=generator, mask_token_id=self.mask_token_id, rows=rows)
 
     def _path(self, model, rollout: Rollout, rows=None) -> torch.Tensor:
@@ -110,8 +112,11 @@ class SDARBackend(DiffusionBackend):
         """[B, L] per-token log π terms: the block-wise ELBO's on the seed's draws, or the path law's."""
         if self.policy_logprob == "trajectory":
             return self._path(model, rollout, rows).float()
-        gen = torch.Generator(rollout.completion_ids.device).manual_seed(int(seed))
-        return self._elbo(model, rollout, gen, rows)
+        return self._elbo(model, rollout, self._draws(rollout, seed), rows)
+
+    @staticmethod
+    def _draws(rollout: Rollout, seed: int) -> torch.Generator:
+        return torch.Generator(rollout.completion_ids.device).manual_seed(int(seed))
 
     def rollout_token_logp(self, model_rollout, rollout: Rollout, seed: int,
                            rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,9 +130,11 @@ class SDARBackend(DiffusionBackend):
             return zeros if level != "sequence" else zeros.sum(-1)
         if self.mismatch_estimator == "trajectory":
             per_token = (self._path(model_old, rollout) - self._path(model_rollout, rollout)).float()
-        else:  # the coupled block-wise ELBO: the same draws for both models (common random numbers)
+        else:  # the coupled block-wise ELBO: the same K = mismatch_num_draws draws for both models
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
-            per_token = self.token_logp(model_old, rollout, seed) - self.token_logp(model_rollout, rollout, seed)
+            per_token = (self._elbo(model_old, rollout, self._draws(rollout, seed), num_draws=self.mismatch_num_draws)
+                         - self._elbo(model_rollout, rollout, self._draws(rollout, seed),
+                                      num_draws=self.mismatch_num_draws))
         per_token = torch.where(mask, per_token, 0.0)
         return per_token if level != "sequence" else per_token.sum(-1)
 
