@@ -8,9 +8,9 @@ likelihoods (models/sdar/likelihood.py, models/sdar/trajectory.py).
   terms whose sum is the sequence ELBO; `trajectory` — the exact path law of the rollout (models/sdar/trajectory.py:
   every step's filtered-proposal term, plus its selection term with --trajectory-selection), per token.
 - mismatch ratio ℓ = log π_old − log μ (`--mismatch-estimator`): `elbo` — the coupled block-wise ELBO difference of
-  the master and the rollout copy on the same K = --mismatch-num-draws draws (sequence: summed; token / geometric:
-  per token); `trajectory` —
-  the exact path law of the path that ran, replayed under both (per token; summed for sequence).
+  the master and the rollout copy on the same K = TrainConfig.mismatch_num_draws draws (sequence: summed; token /
+  geometric: per token); `trajectory` — the exact path law of the path that ran, replayed under both (per token;
+  summed for sequence).
 - SFT warm-up: SDAR's own objective (likelihood.py `sft_loss`) through the two-stream forward.
 
 Sampling settings from SamplerConfig: gen_length, block_length, steps (the total: denoising_steps = steps /
