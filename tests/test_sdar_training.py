@@ -165,13 +165,33 @@ def test_the_trajectory_ratio_is_the_path_law_difference(model):
     assert (lw != 0).any()
 
 
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static"])
+def test_the_path_law_policy_with_selection_terms_has_finite_gradients(strategy):
+    """Impossible events (−inf terms) inside the selection law's log-sums gave NaN gradients (torch.logaddexp of two
+    −inf); selection.py's guarded log-sums give 0 there."""
+    m = tiny_sdar_model(seed=1, std=0.3)
+    p = get_preset("tiny-sdar")
+    from dllm_ais.models.sdar.backend import build_backend
+
+    backend = build_backend(replace(p.sampler, sdar_strategy=strategy, sdar_threshold=0.5), m, None,
+                            replace(p.train, policy_logprob="trajectory", trajectory_selection=True))
+    prompt, pmask, _, _ = _batch()
+    rollout = backend.sample(m, prompt, pmask, torch.Generator().manual_seed(1))
+    m.train()
+    with_sel = backend.token_logp(m, rollout, 0)
+    with_sel.sum().backward()
+    grads = [q.grad for q in m.parameters() if q.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    without = replace(backend, trajectory_selection=False).token_logp(m, rollout, 0)
+    assert torch.isfinite(with_sel).all() and not torch.allclose(with_sel, without)
+
+
 def test_sdar_refuses_what_it_cannot_train_in_one_line():
     from dllm_ais.models.sdar.backend import resolve_sampler
 
     p = get_preset("tiny-sdar")
     for train, words in ((dict(policy_logprob="one_step"), "--policy-logprob one_step"),
-                         (dict(policy_logprob="trajectory", trajectory_steps=2), "--trajectory-steps"),
-                         (dict(policy_logprob="trajectory", trajectory_selection=True), "--trajectory-selection")):
+                         (dict(policy_logprob="trajectory", trajectory_steps=2), "--trajectory-steps")):
         with pytest.raises(ValueError, match=words) as err:
             resolve_sampler(replace(p, train=replace(p.train, **train)))
         assert "\n" not in str(err.value)

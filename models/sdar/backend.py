@@ -47,10 +47,7 @@ def training_refusal(train) -> str | None:
                 "block-wise ELBO, one two-stream forward per draw) or trajectory (the exact path law).")
     for bad, why in ((train.trajectory_steps is not None, "--trajectory-steps: SDAR's path law replays every step "
                       "(one two-stream forward per local step); drop it"),
-                     (train.trajectory_merge != 1, "--trajectory-merge is LLaDA's merged replay; drop it"),
-                     (train.trajectory_selection and train.policy_logprob == "trajectory", "--trajectory-selection "
-                      "with --policy-logprob trajectory: the selection term's gradient is NaN where an event has "
-                      "probability 0 (log-add of -inf); drop --trajectory-selection (the token terms train)")):
+                     (train.trajectory_merge != 1, "--trajectory-merge is LLaDA's merged replay; drop it")):
         if bad:
             return f"SDAR: {why}."
     return None
