@@ -254,3 +254,46 @@ def test_a_trajectory_grpo_run_on_tiny_sdar_moves_the_policy(tmp_path, monkeypat
     start = load_file(str(next((out / "sft").glob("*.safetensors"))))
     end = load_file(str(next((RunDir(out).latest() / "model").glob("*.safetensors"))))
     assert any(not torch.equal(start[k], end[k]) for k in start)
+
+
+def test_tracerl_shrink_groups_steps_as_the_anchor_does():
+    """tests/fixtures/tracerl_shrink.json: dLLM-RL's `collapse_k_unique` on 40 random block step maps (its source
+    field says where from); `shrink_steps` must make the same groups."""
+    import json
+    from pathlib import Path
+
+    from dllm_ais.models.sdar.trajectory import shrink_steps
+
+    fx = json.loads((Path(__file__).parent / "fixtures" / "tracerl_shrink.json").read_text())
+    assert "rl_trado.py:219-231" in fx["source"]
+    for case in fx["cases"]:
+        ours = shrink_steps(torch.tensor(case["steps"])[None, None], 6, case["shrink"])[0, 0].tolist()
+        theirs = case["collapsed"]
+        assert [[a == b for b in ours] for a in ours] == [[a == b for b in theirs] for a in theirs], case
+    assert any(len(set(c["collapsed"])) < len(set(c["steps"])) for c in fx["cases"])  # shrink merged something
+
+
+def test_tracerl_shrink_of_every_step_scores_each_block_from_its_first_state(model):
+    """shrink >= denoising_steps: every token of a block scored at the state before the block's first step (all its
+    completion slots masked, the finished blocks before it clean) — checked against that one forward."""
+    from dllm_ais.models.sdar.model import block_canvas, two_stream_logits
+    from dllm_ais.models.sdar.selection import SDARRule, proposal_logprob
+    from dllm_ais.models.sdar.trajectory import path_terms
+
+    backend = _backend(model, policy_logprob="trajectory", trajectory_merge=2)
+    prompt, pmask, _, _ = _batch()
+    rollout = backend.sample(model, prompt, pmask, torch.Generator().manual_seed(3))
+    cfg = backend.sdar
+    with torch.no_grad():
+        got = backend.token_logp(model, rollout, 0)  # merge 2 = shrink 2 >= 2 steps a block
+        exact = path_terms(model, rollout, cfg, MASK, selection=False)[0]
+        L = rollout.completion_ids.shape[1]
+        canvas = block_canvas(prompt, pmask, LB, cfg.gen_length, MASK, completion_length=L)
+        committed = rollout.commit_step >= 0
+        clean = canvas.scatter(torch.where(committed, rollout.completion_ids, MASK), canvas.ids)
+        slots = canvas.scatter(torch.ones_like(committed), torch.zeros_like(canvas.keep))
+        logits = two_stream_logits(model, torch.where(slots, MASK, clean), clean, canvas.keep, LB)
+        want = canvas.gather(proposal_logprob(logits, clean, SDARRule.of(cfg, MASK)), 0.0)
+    counted = rollout.completion_mask & committed
+    torch.testing.assert_close(got, torch.where(counted, want, 0.0).float(), atol=1e-5, rtol=0)
+    assert not torch.allclose(got, exact.float())  # shrink changed what is scored

@@ -6,7 +6,8 @@ likelihoods (models/sdar/likelihood.py, models/sdar/trajectory.py).
 - policy likelihood (`--policy-logprob`): `elbo` — the block-wise ELBO, one two-stream [x_t | x_0] forward per mask
   draw (K = --elbo-draws; masks random within each response block, the clean blocks before it as context), per-token
   terms whose sum is the sequence ELBO; `trajectory` — the exact path law of the rollout (models/sdar/trajectory.py:
-  every step's filtered-proposal term, plus its selection term with --trajectory-selection), per token.
+  every step's filtered-proposal term, plus its selection term with --trajectory-selection), per token; with
+  --trajectory-merge k, TraceRL's shrink k (k consecutive steps of a block scored at the state before the first).
 - mismatch ratio ℓ = log π_old − log μ (`--mismatch-estimator`): `elbo` — the coupled block-wise ELBO difference of
   the master and the rollout copy on the same K = TrainConfig.mismatch_num_draws draws (sequence: summed; token /
   geometric: per token); `trajectory` — the exact path law of the path that ran, replayed under both (per token;
@@ -46,8 +47,7 @@ def training_refusal(train) -> str | None:
         return (f"SDAR: --policy-logprob {train.policy_logprob} is not built for block diffusion; use elbo (the "
                 "block-wise ELBO, one two-stream forward per draw) or trajectory (the exact path law).")
     for bad, why in ((train.trajectory_steps is not None, "--trajectory-steps: SDAR's path law replays every step "
-                      "(one two-stream forward per local step); drop it"),
-                     (train.trajectory_merge != 1, "--trajectory-merge is LLaDA's merged replay; drop it")):
+                      "(one two-stream forward per local step); drop it"),):
         if bad:
             return f"SDAR: {why}."
     return None
@@ -97,18 +97,19 @@ class SDARBackend(DiffusionBackend):
                                      num_draws=num_draws or self.likelihood.elbo_draws,
                                      generator=generator, mask_token_id=self.mask_token_id, rows=rows)
 
-    def _path(self, model, rollout: Rollout, rows=None) -> torch.Tensor:
+    def _path(self, model, rollout: Rollout, rows=None, shrink: int = 1) -> torch.Tensor:
         from dllm_ais.likelihood.trajectory import rollout_rows
         from dllm_ais.models.sdar.trajectory import path_terms
 
         if rows is not None:
             rollout = rollout_rows(rollout, rows)
-        return path_terms(model, rollout, self.sdar, self.mask_token_id, selection=self.trajectory_selection)[0]
+        return path_terms(model, rollout, self.sdar, self.mask_token_id, selection=self.trajectory_selection,
+                          shrink=shrink)[0]
 
     def token_logp(self, model, rollout: Rollout, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[B, L] per-token log π terms: the block-wise ELBO's on the seed's draws, or the path law's."""
-        if self.policy_logprob == "trajectory":
-            return self._path(model, rollout, rows).float()
+        if self.policy_logprob == "trajectory":  # --trajectory-merge k: TraceRL's shrink k
+            return self._path(model, rollout, rows, shrink=self.trajectory_merge).float()
         return self._elbo(model, rollout, self._draws(rollout, seed), rows)
 
     @staticmethod
