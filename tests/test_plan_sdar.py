@@ -56,4 +56,5 @@ def test_the_sdar_presets_carry_trados_rl_settings_and_get_a_plan(name):
     assert (p.grpo.epsilon, p.grpo.beta, p.train.policy_logprob) == (0.2, 0.01, "trajectory")
     plan = make_plan(p, "h100")
     assert plan.workload.rows == 64 * 16
+    assert plan.workload.replay_steps == 2 * 4  # the path law: 4 two-stream forwards (2 canvases each) a sequence
     assert "SDAR-8B" in format_plan(plan, p)  # the report renders (no Fast-dLLM cache offered to SDAR)
