@@ -191,7 +191,9 @@ def test_sdar_refuses_what_it_cannot_train_in_one_line():
 
     p = get_preset("tiny-sdar")
     for train, words in ((dict(policy_logprob="one_step"), "--policy-logprob one_step"),
-                         (dict(policy_logprob="trajectory", trajectory_steps=2), "--trajectory-steps")):
+                         (dict(policy_logprob="trajectory", trajectory_steps=2), "--trajectory-steps"),
+                         (dict(likelihood=replace(p.train.likelihood, elbo_scheme="antithetic", elbo_draws=2)),
+                          "--elbo-scheme antithetic")):
         with pytest.raises(ValueError, match=words) as err:
             resolve_sampler(replace(p, train=replace(p.train, **train)))
         assert "\n" not in str(err.value)

@@ -46,8 +46,11 @@ def training_refusal(train) -> str | None:
     if train.policy_logprob not in POLICY_LOGPROBS:
         return (f"SDAR: --policy-logprob {train.policy_logprob} is not built for block diffusion; use elbo (the "
                 "block-wise ELBO, one two-stream forward per draw) or trajectory (the exact path law).")
+    scheme = train.likelihood.elbo_scheme
     for bad, why in ((train.trajectory_steps is not None, "--trajectory-steps: SDAR's path law replays every step "
-                      "(one two-stream forward per local step); drop it"),):
+                      "(one two-stream forward per local step); drop it"),
+                     (train.policy_logprob == "elbo" and scheme != "stratified", f"--elbo-scheme {scheme} is the "
+                      "full-canvas ELBO's; SDAR's block-wise ELBO draws mask counts stratified per block: drop it")):
         if bad:
             return f"SDAR: {why}."
     return None
