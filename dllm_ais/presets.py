@@ -112,8 +112,8 @@ PRESETS: dict[str, Preset] = {
                           max_completion_length=5, num_iterations=2)),
         # tiny-sdar: the tiny built-in SDAR (models/sdar/tiny.py; blocks of 4, 2 steps each), the block-wise ELBO
         # with one draw as its policy likelihood (models/sdar/likelihood.py), SFT 60 (35: the SFT model writes EOS
-        # first and RL barely moves; 100: greedy already right), lr 5e-4; tiny-cpu's recipe otherwise. One seed:
-        # +0.50 in 0.66x tiny-cpu's wall time, docs/cpu.md ("The tiny-sdar preset").
+        # first and RL barely moves; 100: greedy already right), lr 5e-4; tiny-cpu's recipe otherwise. Seeds 0 / 1:
+        # +0.50 / +0.40, 0.70x tiny-cpu's wall time (one run each), docs/cpu.md ("The tiny-sdar preset").
         Preset("tiny-sdar", "Tiny built-in SDAR on CPU (block diffusion, blocks of 4): SFT warm-up on digits, then "
                "AIS-GRPO with FP8 rollouts and the block-wise ELBO.",
                ModelConfig(family="sdar"), SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
