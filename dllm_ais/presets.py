@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dllm_ais.config import ModelConfig, Preset, SamplerConfig, TrainConfig
+from dllm_ais.config import ModelConfig, PolicyLikelihoodConfig, Preset, SamplerConfig, TrainConfig
 from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 
@@ -45,6 +45,28 @@ def _qwen(name: str, task: str, description: str) -> Preset:
         GRPOConfig(num_generations=8, epsilon=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo",
                    max_completion_length=512, num_iterations=1),
         CorrectionConfig(correction_level="token", ais_tau=0.05),
+    )
+
+
+def _trado(name: str, path: str, task: str, description: str) -> Preset:
+    """TraDo's RL settings (Gen-Verse/dLLM-RL@10b4fd1 configs/rl_trado.yaml; configs/rl_sdar.yaml has the same
+    values): rollouts :33-46 (64 prompts × 16 responses a step, T = 1, top_p 1, top_k 0, 2000 tokens in blocks of 4
+    with 4 denoising steps each, low_confidence_dynamic at τ 0.9), training :51-70 (grad accumulation 32 of batch 1,
+    max grad norm 1.0, ε 0.2, β 0.01 with the k3 estimator, TraceRL with shrink 1, one epoch over the rollouts),
+    optimizer :73-81 (AdamW lr 1e-6, weight decay 0), total_step 80 (:11), full fine-tuning (DeepSpeed ZeRO-3 on 8
+    GPUs, :15). TraceRL at shrink 1 scores each token at the canvas of the step that committed it: here the path
+    law's token terms (--policy-logprob trajectory without --trajectory-selection, models/sdar/trajectory.py); its
+    loss sums the token surrogates over a fixed length L1 per sequence (train/train_trado_policy.py:498-504):
+    dr_grpo. The mismatch ratio is the path law of the path that ran. Advantages: ours (group-normalised)."""
+    return Preset(
+        name, description, ModelConfig(family="sdar", path=path, dtype="bfloat16", device="cuda"),
+        SamplerConfig(gen_length=2000, block_length=4, steps=2000, temperature=1.0,
+                      sdar_strategy="low_confidence_dynamic", sdar_threshold=0.9),
+        TrainConfig(task=task, steps=80, prompts_per_step=64, learning_rate=1e-6, weight_decay=0.0,
+                    max_grad_norm=1.0, gradient_accumulation_steps=32, fp8_backend="auto", save_every=10,
+                    policy_logprob="trajectory", mismatch_estimator="trajectory"),
+        GRPOConfig(num_generations=16, scale_rewards="group", epsilon=0.2, beta=0.01, loss_type="dr_grpo",
+                   max_completion_length=2000, num_iterations=1),
     )
 
 
@@ -88,12 +110,16 @@ PRESETS: dict[str, Preset] = {
                            prompts_per_step=16, learning_rate=5e-4, sft_steps=35, mismatch_num_draws=2),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=5, num_iterations=2)),
-        # tiny-sdar: the tiny built-in SDAR (models/sdar/tiny.py; blocks of 4, 2 steps each) for `dllm-ais sample`;
-        # `train` refuses SDAR before any write (models/sdar/backend.py): the training half is tiny-cpu's, untuned.
-        Preset("tiny-sdar", "Tiny built-in SDAR on CPU (block diffusion, blocks of 4): sampling only until it trains.",
+        # tiny-sdar: the tiny built-in SDAR (models/sdar/tiny.py; blocks of 4, 2 steps each), the block-wise ELBO
+        # with one draw as its policy likelihood (models/sdar/likelihood.py), SFT 60 (35: the SFT model writes EOS
+        # first and RL barely moves; 100: greedy already right), lr 5e-4; tiny-cpu's recipe otherwise. Seeds 0 / 1:
+        # +0.50 / +0.40, 0.70x tiny-cpu's wall time (one run each), docs/cpu.md ("The tiny-sdar preset").
+        Preset("tiny-sdar", "Tiny built-in SDAR on CPU (block diffusion, blocks of 4): SFT warm-up on digits, then "
+               "AIS-GRPO with FP8 rollouts and the block-wise ELBO.",
                ModelConfig(family="sdar"), SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
-                           prompts_per_step=16, learning_rate=2e-4, sft_steps=35, mismatch_num_draws=2),
+                           prompts_per_step=16, learning_rate=5e-4, sft_steps=60, mismatch_num_draws=2,
+                           policy_logprob="elbo", likelihood=PolicyLikelihoodConfig(elbo_draws=1)),
                GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.04, loss_type="dapo",
                           max_completion_length=8, num_iterations=2)),
         # tiny-cpu-justgrpo: tiny-cpu decoded left to right (block length 1: one position per block, each step
@@ -138,6 +164,11 @@ PRESETS: dict[str, Preset] = {
         _d1("llada-8b-math", "math500", "LLaDA-8B-Instruct AIS-GRPO on MATH, d1's settings (--data MATH train file)."),
         _d1("llada-8b-countdown", "countdown", "LLaDA-8B-Instruct AIS-GRPO on Countdown (procedural), d1's settings."),
         _d1("llada-8b-sudoku", "sudoku", "LLaDA-8B-Instruct AIS-GRPO on 4x4 Sudoku (procedural), d1's settings."),
+        # SDAR / TraDo (block diffusion, models/sdar/): TraDo's own RL settings (`_trado`, cited there)
+        _trado("sdar-8b-gsm8k", "JetAstra/SDAR-8B-Chat", "gsm8k",
+               "SDAR-8B-Chat AIS-GRPO on GSM8K with TraDo's RL settings (configs/rl_sdar.yaml; 8 GPUs)."),
+        _trado("trado-8b-math", "Gen-Verse/TraDo-8B-Instruct", "math500",
+               "TraDo-8B-Instruct AIS-GRPO on MATH with TraDo's RL settings (--data: MATH train file; 8 GPUs)."),
         _dream("dream-7b-gsm8k", "gsm8k", "Dream-v0-Instruct-7B AIS-GRPO on GSM8K, d1's settings (one block of 256)."),
         _dream("dream-7b-math", "math500", "Dream-v0-Instruct-7B on MATH, d1's settings (--data: MATH train file)."),
         _dream("dream-7b-countdown", "countdown", "Dream-v0-Instruct-7B on Countdown (procedural), d1's settings."),

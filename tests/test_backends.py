@@ -1,4 +1,4 @@
-"""One trainer code path for every backend: the tiny LLaDA, the tiny Dream and the tiny Qwen train through the same
+"""One trainer code path for every backend: the tiny LLaDA, Dream, Qwen and SDAR train through the same
 function."""
 
 import json
@@ -41,7 +41,7 @@ def reward_fn(tmp_path, monkeypatch):
     return f"{name}:reward"
 
 
-@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-dream", "tiny-qwen"])
+@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-dream", "tiny-qwen", "tiny-sdar"])
 def test_both_backends_train_through_one_code_path(tmp_path, reward_fn, preset):
     out = tmp_path / "run"
     rows = train_briefly(preset, out, reward_fn)
@@ -55,7 +55,7 @@ def test_both_backends_train_through_one_code_path(tmp_path, reward_fn, preset):
     assert any(not torch.equal(start[k], end[k]) for k in start), "the policy must move"
 
 
-@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-dream", "tiny-qwen"])
+@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-dream", "tiny-qwen", "tiny-sdar"])
 def test_bf16_rollouts_give_unit_weights(tmp_path, reward_fn, preset):
     rows = train_briefly(preset, tmp_path / "run", reward_fn, rollout_precision="bf16")
     for row in rows:

@@ -1,6 +1,6 @@
 """SDAR as a family: the registry record, checkpoint detection, `dllm-ais sample` on the tiny built-in SDAR, and
-what it refuses in one line before anything is written (training, other families' flags on it, its flags on
-others, settings its sampler does not have)."""
+what it refuses in one line before anything is written (likelihoods it cannot train with, other families' flags on
+it, its flags on others, settings its sampler does not have)."""
 
 from __future__ import annotations
 
@@ -59,11 +59,12 @@ def test_sdar_flags_are_refused_on_other_families(capsys):
         SamplerConfig(sdar_strategy="entropy_bounded")
 
 
-def test_training_an_sdar_is_refused_before_the_run_directory_exists(tmp_path, capsys):
+def test_a_likelihood_sdar_cannot_train_with_is_refused_before_the_run_directory_exists(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--preset", "tiny-sdar", "--out", str(out), "--no-progress"]) == 2
+    argv = ["train", "--preset", "tiny-sdar", "--policy-logprob", "one_step", "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "training is not built yet" in err and "\n" not in err
+    assert "--policy-logprob one_step" in err and "\n" not in err
     assert not out.exists()
 
 

@@ -216,10 +216,13 @@ def speedups(plan: Plan, preset) -> list[Fix]:
         tries.append(("--rollout-precision bf16", replace(preset, train=replace(tc, rollout_precision="bf16"))))
     blocks = w.gen_length // w.block_length
     if w.cache == "none" and w.sampler_steps // blocks >= 2 and preset.sampler.temperature > 0:
-        tries.append((f"--cache dual --mismatch-estimator trajectory --trajectory-steps {blocks} (Fast-dLLM's dual "
-                      "cache; the ELBO cannot see a cache)",
-                      replace(preset, sampler=replace(preset.sampler, cache="dual"),
-                              train=replace(tc, mismatch_estimator="trajectory", trajectory_steps=blocks))))
+        try:
+            tries.append((f"--cache dual --mismatch-estimator trajectory --trajectory-steps {blocks} (Fast-dLLM's "
+                          "dual cache; the ELBO cannot see a cache)",
+                          replace(preset, sampler=replace(preset.sampler, cache="dual"),
+                                  train=replace(tc, mismatch_estimator="trajectory", trajectory_steps=blocks))))
+        except ValueError:  # the family refuses it (SDAR: its per-block cache is native): no speedup to offer
+            pass
     out = []
     for flag, changed in tries:
         other = _replan(plan, changed)

@@ -1,5 +1,6 @@
-"""SDAR's registry record (dllm_ais/families.py) and what SDAR cannot do yet (`refusal`, applied by Preset before
-anything is written; training itself is refused by `resolve_sampler` in models/sdar/backend.py)."""
+"""SDAR's registry record (dllm_ais/families.py) and what SDAR's sampler does not have (`refusal`, applied by Preset
+before anything is written; the likelihoods SDAR cannot train with are refused by models/sdar/backend.py
+`training_refusal`, through `resolve_sampler`, also before anything is written)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ FAMILY = Family(
     backend=Hook(f"{_M}.sdar.backend:build_backend"),
     resolve_sampler=Hook(f"{_M}.sdar.backend:resolve_sampler"),
     refusal=refusal,
-    fsdp_fp8_refusal="FSDP with FP8 rollouts of an SDAR model is not built yet; SDAR does not train yet.",
+    fsdp_fp8_refusal="FSDP with FP8 rollouts of an SDAR model is not built yet (no FSDP test of SDAR); train on one "
+                     "process or with --fp8-backend none.",
     sampler_fields=("sdar_strategy", "sdar_threshold"),
+    plan_config=Hook(f"{_M}.sdar.shape:plan_config"),
+    plan_shape=Hook(f"{_M}.sdar.shape:plan_shape"),
+    plan_copy_bytes=Hook(f"{_M}.sdar.shape:plan_copy_bytes"),
+    plan_commit_steps=Hook(f"{_M}.sdar.shape:plan_commit_steps"),
 )

@@ -381,21 +381,30 @@ class SDARModel(PreTrainedModel):
 
 
 def two_stream_logits(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, keep: torch.Tensor | None,
-                      block_length: int) -> torch.Tensor:
+                      block_length: int, positions: torch.Tensor | None = None, noisy_from: int = 0) -> torch.Tensor:
     """Logits [B, T, V] of the noisy stream of one two-stream forward (the official training forward's layout):
     input [x_t | x_0] [B, 2T], positions [p | p] with p = cumsum(keep) − 1, mask `two_stream_mask(T, block_length)`
     with padding keys hidden. Row b's noisy block k gets the logits a block-causal forward gives block k when it holds
     x_t's block k after x_0's blocks < k — in one forward for every block. noisy_ids, clean_ids [B, T] on a
-    block-aligned canvas (padding whole blocks, `block_canvas`), keep [B, T] bool (None = no padding)."""
+    block-aligned canvas (padding whole blocks, `block_canvas`), keep [B, T] bool (None = no padding); positions
+    [B, M] long (noisy-stream columns) returns [B, M, V] for those only. noisy_from (a multiple of block_length):
+    the noisy stream starts at that canvas column (its earlier blocks — full prompt blocks with nothing to score —
+    are left out: no query sees a noisy block but its own, so the logits of the rest are unchanged); the output then
+    covers columns [noisy_from, T) and `positions` count from noisy_from."""
     B, T = noisy_ids.shape
     dev = noisy_ids.device
+    if noisy_from % block_length:
+        raise ValueError(f"noisy_from={noisy_from} must be a multiple of block_length={block_length}.")
     keep = torch.ones(B, T, dtype=torch.bool, device=dev) if keep is None else keep.bool()
     pos = padded_positions(keep)
-    keep2 = torch.cat([keep, keep], dim=1)  # [B, 2T]
-    mask = (two_stream_mask(T, block_length, dev)[None] & keep2[:, None, :]) | torch.eye(2 * T, dtype=torch.bool,
-                                                                                       device=dev)
-    out = model(input_ids=torch.cat([noisy_ids, clean_ids], dim=1), attention_mask=mask[:, None],
-                position_ids=torch.cat([pos, pos], dim=1), positions=slice(0, T))
+    s = noisy_from
+    idx = torch.cat([torch.arange(s, T, device=dev), T + torch.arange(T, device=dev)])  # two-stream indices kept
+    keep2 = torch.cat([keep[:, s:], keep], dim=1)  # [B, 2T − s]
+    mask = block_diff_mask(idx[:, None], idx[None, :], block_length, T)[None] & keep2[:, None, :]
+    mask = mask | torch.eye(idx.numel(), dtype=torch.bool, device=dev)
+    out = model(input_ids=torch.cat([noisy_ids[:, s:], clean_ids], dim=1), attention_mask=mask[:, None],
+                position_ids=torch.cat([pos[:, s:], pos], dim=1),
+                positions=slice(0, T - s) if positions is None else positions)
     return out.logits
 
 

@@ -140,6 +140,19 @@ def _below_masses(log_q: torch.Tensor, q: torch.Tensor, c_min: torch.Tensor, tie
     return hi, lo
 
 
+def _logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.logaddexp, with a zero gradient (torch's is NaN) where both are −inf: the value is −inf there."""
+    dead = torch.isneginf(a) & torch.isneginf(b)
+    return torch.where(dead, -torch.inf, torch.logaddexp(torch.where(dead, 0.0, a), torch.where(dead, 0.0, b)))
+
+
+def _logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """torch.logsumexp over `dim`, with a zero gradient (torch's is NaN) where every term is −inf."""
+    dead = torch.isneginf(x).all(dim, keepdim=True)
+    out = torch.logsumexp(torch.where(dead, 0.0, x), dim=dim, keepdim=True)
+    return torch.where(dead, -torch.inf, out).squeeze(dim)
+
+
 def _count_below(log_hi: torch.Tensor, log_lo: torch.Tensor, rest: torch.Tensor, limit: torch.Tensor
                  ) -> torch.Tensor:
     """log P(every slot of `rest` ranks below C and fewer than `limit` of them exceed τ): a Poisson-binomial over the
@@ -151,10 +164,10 @@ def _count_below(log_hi: torch.Tensor, log_lo: torch.Tensor, rest: torch.Tensor,
     coef[:, 0] = 0.0  # log of the polynomial's coefficients: [n, k] = log P(k of the slots so far above τ)
     for u in range(Lb):
         shifted = torch.cat([neg[:, :1], coef[:, :-1]], dim=1)  # one more above τ
-        step = torch.logaddexp(coef + log_lo[:, u:u + 1], shifted + log_hi[:, u:u + 1])
+        step = _logaddexp(coef + log_lo[:, u:u + 1], shifted + log_hi[:, u:u + 1])
         coef = torch.where(rest[:, u:u + 1], step, coef)
     k = torch.arange(Lb + 1, device=rest.device)[None, :]
-    return torch.logsumexp(torch.where(k < limit[:, None], coef, -torch.inf), dim=-1)
+    return _logsumexp(torch.where(k < limit[:, None], coef, -torch.inf), dim=-1)
 
 
 def _dynamic_logprob(log_q: torch.Tensor, q: torch.Tensor, masked: torch.Tensor, commit: torch.Tensor,
@@ -178,7 +191,7 @@ def _dynamic_logprob(log_q: torch.Tensor, q: torch.Tensor, masked: torch.Tensor,
     limit = quota - torch.where(commit, conf > tau, False).sum(-1)
     log_b = _count_below(_log_floor(hi, -math.inf), _log_floor(lo, -math.inf), rest, limit)
     log_b = torch.where(count == torch.minimum(quota, m), log_b, -torch.inf)
-    total = torch.logaddexp(log_a, log_b)
+    total = _logaddexp(log_a, log_b)
     return torch.where(total > (LOG_ZERO if impossible == LOG_ZERO else -math.inf), total,
                        torch.full_like(total, impossible))
 

@@ -41,13 +41,29 @@ def local_steps(commit_step: torch.Tensor, steps: int) -> torch.Tensor:
     return out
 
 
+def shrink_steps(cs_b: torch.Tensor, steps: int, shrink: int) -> torch.Tensor:
+    """TraceRL's shrink (Gen-Verse/dLLM-RL@10b4fd1 train/rl_trado.py:219-231 `collapse_k_unique`, applied per block
+    at :518-524): a block's distinct commit steps in order, grouped `shrink` at a time; every slot of a group is
+    scored at the state before the group's first step. cs_b [B, nb, Lb] long (−1: never committed) -> the same with
+    each committed slot's step replaced by its group's first step (the anchor names a group by its last: only the
+    partition matters)."""
+    t_local = local_steps(cs_b, steps)  # [B, nb, S]
+    hit = (cs_b[..., None] == t_local[..., None, :]) & (cs_b >= 0)[..., None]  # [B, nb, Lb, S]
+    rank = hit.long().argmax(-1)  # [B, nb, Lb] the slot's local step
+    first = t_local.gather(-1, (rank // shrink * shrink).clamp(max=steps - 1))
+    return torch.where(cs_b >= 0, first, -1)
+
+
 def path_terms(model, rollout: Rollout, config, mask_token_id: int, selection: bool = True,
-               impossible: float = LOG_ZERO) -> tuple[torch.Tensor, torch.Tensor]:
+               impossible: float = LOG_ZERO, shrink: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-token [B, L] float64, log P(path) [B] float64) of each row of an SDAR rollout under `model` and the
     sampler `config` (SDARSamplerConfig). Per token: its token term plus an equal share of its step's selection term
     among the counted tokens (completion_mask) that step committed; the total counts every committed slot (the
     tokens after a stop in its block and the slots that fill the last block are part of the path). selection=False:
-    the token terms only. Differentiable through both when grad is enabled."""
+    the token terms only. shrink > 1: TraceRL's shrink (`shrink_steps`; token terms only, no longer the exact law).
+    Differentiable through both when grad is enabled."""
+    if shrink > 1 and selection:
+        raise ValueError("TraceRL's shrink scores merged steps: it has no selection terms; pass selection=False.")
     rule = SDARRule.of(config, mask_token_id)
     if rule.temperature == 0:
         raise ValueError("the SDAR path law needs a sampling density: --temperature 0 (greedy) has none.")
@@ -63,6 +79,8 @@ def path_terms(model, rollout: Rollout, config, mask_token_id: int, selection: b
     cs = canvas.scatter(rollout.commit_step, torch.full_like(canvas.ids, -1))  # [B, T]
     slot = canvas.scatter(torch.ones_like(committed), torch.zeros_like(canvas.keep))  # completion slots
     cs_b, slot_b = cs.view(B, nb, Lb), slot.view(B, nb, Lb)
+    if shrink > 1:
+        cs_b = shrink_steps(cs_b, S, shrink)
     t_local = local_steps(cs_b, S)  # [B, nb, S]
     total = torch.zeros(B, dtype=torch.float64, device=dev)
     token_terms = torch.zeros(B, nb, Lb, dtype=torch.float64, device=dev)

@@ -1,0 +1,72 @@
+"""SDAR for `dllm-ais plan` (the family's plan hooks): its config, its parameters by part and the bytes of its rollout
+copies, counted on the meta device (no weights, no download)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dllm_ais.models.sdar.model import SDARModel
+from dllm_ais.plan.shape import ModelShape, config_of
+
+
+def plan_config(model_config):
+    """(SDARConfig, where it came from): tiny, a local config.json, or SDAR-8B-Chat's shape for a hub id (TraDo-8B is
+    the same architecture)."""
+    from dllm_ais.models.sdar.checkpoint import read_sdar_config
+    from dllm_ais.models.sdar.model import SDARConfig
+    from dllm_ais.models.sdar.tiny import tiny_sdar_config
+
+    return config_of(model_config, tiny_sdar_config, read_sdar_config, SDARConfig, "SDAR", "SDAR-8B")
+
+
+def _block_linears(model) -> list[torch.nn.Linear]:
+    return [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def plan_shape(config, name: str) -> ModelShape:
+    """SDARModel(config) built on the meta device, its parameters counted by part (GQA: n_kv_heads; Qwen3's head_dim
+    is its own field, so the KV width is n_kv_heads · head_dim, not d_model / n_heads · n_kv_heads)."""
+    with torch.device("meta"):
+        model = SDARModel(config)
+    linears = _block_linears(model)
+    norms = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
+    return ModelShape(
+        name=name, d_model=config.hidden_size, n_layers=config.num_hidden_layers, n_heads=config.num_attention_heads,
+        mlp_hidden=config.intermediate_size, vocab=config.vocab_size,
+        params_total=sum(p.numel() for p in model.parameters()),
+        params_block_linear=sum(m.weight.numel() for m in linears),
+        params_embedding=model.model.embed_tokens.weight.numel(),
+        params_head=0 if config.tie_word_embeddings else model.lm_head.weight.numel(),
+        params_norm=sum(p.numel() for p in norms),
+        lora_in_out=sum(m.in_features + m.out_features for m in linears),
+        n_kv_heads=config.num_key_value_heads, family="sdar",
+    )
+
+
+def plan_copy_bytes(config, precision: str, dtype: torch.dtype, fp8_backend: str) -> int:
+    """Bytes of SDAR's rollout copy, fp8/quantize.py's per-Linear copy (SDAR has no fused copy yet): each block linear
+    as e4m3 codes + fp32 scales (128×128 blocks, or one per row for scaled_mm); fp4 (fp4/linear.py): dequantised
+    fp32 weights; the rest (embeddings, norms, LM head) in `dtype`. No biases (SDAR has none)."""
+    with torch.device("meta"):
+        model = SDARModel(config)
+    total, replaced = 0, 0
+    for m in _block_linears(model):
+        n, k = m.weight.shape
+        replaced += n * k
+        if precision == "fp4":
+            total += 4 * n * k
+        else:
+            scales = n if fp8_backend == "scaled_mm" else math.ceil(n / 128) * math.ceil(k / 128)
+            total += n * k + 4 * scales
+    rest = sum(p.numel() for p in model.parameters()) - replaced
+    return total + rest * dtype.itemsize
+
+
+def plan_commit_steps(sampler) -> int:
+    """Canvas-forward equivalents SDAR's path-law replay costs per sequence (what the plan counts per trajectory
+    replay): models/sdar/trajectory.py scores local step s of every block at once in one two-stream forward of twice
+    the canvas, so a rollout costs denoising_steps such forwards, about 2 · denoising_steps full-canvas ones (the
+    linear layers: exactly; attention over 2T keys costs more), however many blocks it has."""
+    return 2 * (sampler.steps // sampler.num_blocks)

@@ -1,0 +1,60 @@
+"""`dllm-ais plan` counts an SDAR on the meta device (models/sdar/shape.py): SDAR-8B's ≈ 8.2 B parameters with its
+GQA KV width, the tiny SDAR's counts equal the real module's, the FP8 / FP4 rollout copy bytes equal a real copy's;
+the sdar-8b-gsm8k and trado-8b-math presets carry TraDo's RL settings and get a plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_ais.config import ModelConfig
+from dllm_ais.fp4.linear import quantize_model as quantize_fp4
+from dllm_ais.fp8 import quantize_model
+from dllm_ais.models.sdar.tiny import tiny_sdar_model
+from dllm_ais.plan.shape import model_shape, rollout_copy_bytes
+from dllm_ais.presets import get_preset
+
+
+def test_sdar_8b_preset_shape():
+    shape = model_shape(get_preset("sdar-8b-gsm8k").model)
+    assert shape.family == "sdar" and 8.1e9 < shape.params_total < 8.3e9  # Qwen3-8B geometry: 8.19 B
+    assert (shape.d_model, shape.n_layers, shape.n_heads, shape.n_kv_heads) == (4096, 36, 32, 8)
+    assert shape.kv_dim == 1024 and shape.vocab == 151936
+    assert shape.params_embedding == shape.params_head == 151936 * 4096  # untied
+
+
+def test_tiny_sdar_shape_counts_the_real_module():
+    shape = model_shape(ModelConfig(family="sdar"))
+    m = tiny_sdar_model()
+    assert shape.params_total == sum(p.numel() for p in m.parameters())
+    linears = [mod for mod in m.model.layers.modules() if isinstance(mod, torch.nn.Linear)]
+    assert shape.params_block_linear == sum(mod.weight.numel() for mod in linears)
+    assert shape.lora_in_out == sum(mod.in_features + mod.out_features for mod in linears)
+
+
+def _bytes(model) -> int:
+    return sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()])
+
+
+@pytest.mark.parametrize("precision,backend", [("fp8", "torch"), ("fp8", "scaled_mm"), ("fp4", "torch")])
+def test_sdar_copy_bytes_equal_a_real_copy(precision, backend):
+    cfg = ModelConfig(family="sdar", dtype="float32")
+    master = tiny_sdar_model()
+    copy = quantize_fp4(master, fmt="nvfp4") if precision == "fp4" else quantize_model(master, backend=backend)
+    assert rollout_copy_bytes(cfg, precision, backend) == _bytes(copy)
+
+
+@pytest.mark.parametrize("name", ["sdar-8b-gsm8k", "trado-8b-math"])
+def test_the_sdar_presets_carry_trados_rl_settings_and_get_a_plan(name):
+    from dllm_ais.plan.predict import make_plan
+    from dllm_ais.plan.report import format_plan
+
+    p = get_preset(name)
+    assert p.model.family == "sdar" and p.train.lora_r == 0  # TraDo trains every weight
+    assert (p.sampler.block_length, p.sampler.steps // p.sampler.num_blocks, p.sampler.sdar_threshold) == (4, 4, 0.9)
+    assert (p.train.prompts_per_step, p.grpo.num_generations, p.train.learning_rate) == (64, 16, 1e-6)
+    assert (p.grpo.epsilon, p.grpo.beta, p.train.policy_logprob) == (0.2, 0.01, "trajectory")
+    plan = make_plan(p, "h100")
+    assert plan.workload.rows == 64 * 16
+    assert plan.workload.replay_steps == 2 * 4  # the path law: 4 two-stream forwards (2 canvases each) a sequence
+    assert "SDAR-8B" in format_plan(plan, p)  # the report renders (no Fast-dLLM cache offered to SDAR)
