@@ -116,7 +116,8 @@ PRESETS: dict[str, Preset] = {
         # +0.50 / +0.40, 0.70x tiny-cpu's wall time (one run each), docs/cpu.md ("The tiny-sdar preset").
         Preset("tiny-sdar", "Tiny built-in SDAR on CPU (block diffusion, blocks of 4): SFT warm-up on digits, then "
                "AIS-GRPO with FP8 rollouts and the block-wise ELBO.",
-               ModelConfig(family="sdar"), SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
+               ModelConfig(family="sdar"), SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0,
+                                                         sdar_strategy="low_confidence_dynamic", sdar_threshold=0.9),
                TrainConfig(task="digits", task_config={"op": "shift", "length": 4}, steps=120,
                            prompts_per_step=16, learning_rate=5e-4, sft_steps=60, mismatch_num_draws=2,
                            policy_logprob="elbo", likelihood=PolicyLikelihoodConfig(elbo_draws=1)),

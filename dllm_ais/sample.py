@@ -99,8 +99,10 @@ def sampler_settings(s, diffusion: bool = True) -> str:
     if not diffusion:
         return f"temperature {s.temperature:g}, up to {s.gen_length} tokens"
     fast = f", cache {s.cache}" * (s.cache != "none") + f", threshold {s.threshold}" * (s.threshold is not None)
+    named = s.dream_alg or s.sdar_strategy  # a family's named rule (Dream's alg, SDAR's strategy) runs, not remasking
+    rule = f"rule {named}" if named else f"{s.remasking} remasking"
     return (f"temperature {s.temperature:g}, {s.gen_length} tokens in blocks of {s.block_length}, {s.steps} steps, "
-            f"{s.remasking} remasking{fast}")
+            f"{rule}{fast}")
 
 
 def _default_prompts(preset, model_cfg) -> list[str]:

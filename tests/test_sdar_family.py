@@ -33,10 +33,12 @@ def test_the_registry_knows_sdar_and_its_checkpoints():
 
 def test_sample_runs_the_tiny_sdar(capsys):
     assert main(["sample", "--preset", "tiny-sdar", "--prompt", "12+7=", "--prompt", "Hello", "--seed", "1"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("### ") == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("### ") == 2
+    assert "rule low_confidence_dynamic" in captured.err  # what runs, not "low_confidence remasking"
     assert main(["sample", "--preset", "tiny-sdar", "--prompt", "ab", "--temperature", "0", "--sdar-strategy",
                  "sequential", "--gen-length", "12", "--steps", "6"]) == 0
+    assert "rule sequential" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, says", [
