@@ -33,9 +33,9 @@ def test_the_committed_rung2_results_come_from_the_documented_command():
 
     repo = Path(__file__).resolve().parent.parent
     stored = json.loads((repo / "benchmarks" / "estimators" / "rung2" / "results.json").read_text())["config"]
-    cfg = ladder.rung2_config("full", (8,), 4096)
+    cfg = ladder.rung2_config("full", (8, 16), 4096)
     assert json.loads(json.dumps(asdict(cfg), default=float)) == stored
-    assert {L for _, _, ls in stored["grid"] for L in ls} == {8}
+    assert {L for _, _, ls in stored["grid"] for L in ls} == {8, 16}
 
 
 def test_the_status_says_what_each_rung_lacks():
