@@ -419,7 +419,7 @@ class Preset:
             raise ValueError(why)
         if not family.position_rules and (self.sampler.dream_alg, self.sampler.dream_alg_temp) != (None, None):
             raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
-                             "none: drop them (--remasking chooses its rule).")
+                             "none: drop them.")
         # what the family's sampler cannot run comes first: advice about estimators is moot for such a sampler
         if family.refusal is not None and (why := family.refusal(self.sampler, self.train.policy_logprob,
                                                                  self.train.mismatch_estimator,
@@ -496,3 +496,16 @@ def override(cfg, **changes):
     if bad:
         raise ValueError(f"{type(cfg).__name__} has no field(s) {sorted(bad)}; known: {sorted(known)}.")
     return replace(cfg, **{k: v for k, v in changes.items() if v is not None})
+
+
+def with_block_length(sampler: SamplerConfig, block: int) -> SamplerConfig:
+    """`sampler` with blocks of `block` and the same steps per token (at least one step a block); a generation length
+    that is not a whole number of blocks is refused in one line."""
+    if sampler.block_length == block:
+        return sampler
+    if sampler.gen_length % block:
+        raise ValueError(f"--gen-length {sampler.gen_length}: this model samples in blocks of {block} (the block it "
+                         f"was trained with); use a multiple of {block}.")
+    blocks = sampler.gen_length // block
+    per_block = max(1, round(sampler.steps * block / sampler.gen_length))
+    return replace(sampler, block_length=block, steps=per_block * blocks)

@@ -97,6 +97,9 @@ class Family:
     """Sampler steps can be compiled / CUDA-graphed (prompts padded to the compile bucket)."""
     one_block_uncached: bool = False
     """Uncached sampling has one block (evaluation sets block_length = gen_length without a cache)."""
+    model_block_length: Hook | None = None
+    """model_block_length(model) -> the block length the model was trained with (SDAR's config.block_size), which
+    evaluation samples with whatever the protocol's block (d1's 32); None: the protocol's block."""
     fsdp_fp8_refusal: str | None = None
     """Why FSDP with FP8 rollouts is refused for this family (None: supported)."""
     sampler_fields: tuple[str, ...] = ()

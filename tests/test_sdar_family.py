@@ -79,3 +79,21 @@ def test_backend_maps_the_sampler_settings():
     assert (cfg.denoising_steps, cfg.strategy, cfg.threshold, cfg.temperature) == (4, "low_confidence_static", 0.7,
                                                                                    0.0)
     assert sdar_sampler_config(get_preset("tiny-sdar").sampler).strategy == "low_confidence_dynamic"
+
+
+def test_eval_samples_in_the_blocks_the_model_was_trained_with(tmp_path, capsys):
+    """`eval --protocol d1` asks for d1's blocks of 32; an SDAR samples in its own (config block_size: 4 for the tiny
+    one) with d1's steps per token; a length that is not a whole number of blocks is refused in one line."""
+    import json
+
+    out = tmp_path / "ev"
+    assert main(["eval", "--preset", "tiny-sdar", "--protocol", "d1", "--task", "countdown", "--limit", "2",
+                 "--gen-length", "32", "--out", str(out)]) == 0
+    scores = json.loads((out / "countdown-test-d1-gen32" / "scores.json").read_text())
+    assert (scores["block_length"], scores["steps"]) == (4, 16), scores
+    capsys.readouterr()
+    assert main(["eval", "--preset", "tiny-sdar", "--protocol", "d1", "--task", "countdown", "--limit", "2",
+                 "--gen-length", "30", "--out", str(tmp_path / "ev30")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "blocks of 4" in errors[0], errors
+    assert not list((tmp_path / "ev30").rglob("scores.json"))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dllm_ais.atomic import atomic_write_text
-from dllm_ais.config import CACHE_MODES, Preset, SamplerConfig, override
+from dllm_ais.config import CACHE_MODES, Preset, SamplerConfig, override, with_block_length
 from dllm_ais.presets import PRESETS, get_preset
 from dllm_ais.progress import progress_bar
 from dllm_ais.tasks import d1
@@ -116,8 +116,11 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
         raise ValueError(e.args[0]) from None
     check_protocol(protocol, task_name)
     sampler = replace(sampler, temperature=temperature)
-    if get_family(family).one_block_uncached and sampler.cache == "none":  # Dream's own generate has one block
+    fam = get_family(family)
+    if fam.one_block_uncached and sampler.cache == "none":  # Dream's own generate has one block
         sampler = replace(sampler, block_length=sampler.gen_length)
+    if fam.model_block_length is not None:  # a block model samples with the block it was trained on (SDAR: 4)
+        sampler = with_block_length(sampler, fam.model_block_length(model))
     rows = _load_rows(task, split, data_path, limit, seed, task_config)
     prompts = [r["prompt"] for r in rows] if protocol == "strict" else [d1.user_prompt(task_name, r) for r in rows]
     prefix = d1.ASSISTANT_PREFIX if protocol == "d1" else ""

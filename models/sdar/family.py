@@ -41,6 +41,7 @@ FAMILY = Family(
     fsdp_fp8_refusal="FSDP with FP8 rollouts of an SDAR model is not built yet (no FSDP test of SDAR); train on one "
                      "process or with --fp8-backend none.",
     sampler_fields=("sdar_strategy", "sdar_threshold"),
+    model_block_length=Hook(f"{_M}.sdar.model:trained_block_length"),
     plan_config=Hook(f"{_M}.sdar.shape:plan_config"),
     plan_shape=Hook(f"{_M}.sdar.shape:plan_shape"),
     plan_copy_bytes=Hook(f"{_M}.sdar.shape:plan_copy_bytes"),
