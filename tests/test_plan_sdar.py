@@ -57,4 +57,11 @@ def test_the_sdar_presets_carry_trados_rl_settings_and_get_a_plan(name):
     plan = make_plan(p, "h100")
     assert plan.workload.rows == 64 * 16
     assert plan.workload.replay_steps == 2 * 4  # the path law: 4 two-stream forwards (2 canvases each) a sequence
+    # SDAR records no per-token log μ: the trajectory ratio replays the path on both copies, and log μ is a replay
+    from dllm_ais.plan.workload import likelihood_passes
+
+    names = [(ps.what, ps.model) for ps in likelihood_passes(plan.workload)]
+    assert ("mismatch trajectory replay (master)", "master") in names, names
+    assert ("mismatch trajectory replay (rollout)", "rollout") in names, names
+    assert any(n.startswith("log μ (same masks)") and m == "rollout" for n, m in names), names
     assert "SDAR-8B" in format_plan(plan, p)  # the report renders (no Fast-dLLM cache offered to SDAR)

@@ -226,7 +226,8 @@ def likelihood_passes(w: Workload) -> list[Pass]:
     it = 1 if w.policy == "trajectory" else w.num_iterations  # one replay serves every iteration
     quantised = w.rollout_precision != "bf16"
     out = _policy_passes(w, "π_old", "rollout" if w.bypass else "master", it, B)
-    recorded = w.policy == "trajectory" and w.trajectory_merge == 1  # the sampler recorded log μ of these canvases
+    records = get_family(w.family).records_logp_mu
+    recorded = records and w.policy == "trajectory" and w.trajectory_merge == 1  # the sampler's log μ of these canvases
     if quantised and not w.bypass and not recorded:
         out += _policy_passes(w, "log μ (same masks)", "rollout", 1, B)
     if w.mismatch == "elbo":
@@ -236,12 +237,14 @@ def likelihood_passes(w: Workload) -> list[Pass]:
         for model, who in (("master", "π_old"), ("rollout", "μ")):  # same draws; head: the masked positions (≤ L)
             out.append(Pass("likelihood", f"mismatch ELBO of {who} ({w.mismatch_draws} draws)", model, calls, per_call,
                             T, T, L))
-    elif w.mismatch == "trajectory" and w.policy != "trajectory":  # log μ was recorded by the sampler: only π_old
-        # replays (with a trajectory policy ℓ reuses the policy's π_old replay: train/step_mismatch.py)
+    elif w.mismatch == "trajectory" and (w.policy != "trajectory" or not records):
+        # a recorded log μ: only π_old replays (with a trajectory policy ℓ reuses the policy's π_old replay:
+        # train/step_mismatch.py); without one (SDAR) both copies replay the path that ran
         replayed = w.replay_steps if w.replay_steps is not None else (
             w.trajectory_steps if w.trajectory_steps is not None else nfe(w))
-        out.append(Pass("likelihood", "mismatch trajectory replay", "master", replayed, B, T, T,
-                        _committed_per_step(w)))
+        for model in ("master",) if records else ("master", "rollout"):
+            out.append(Pass("likelihood", f"mismatch trajectory replay ({model})" if not records else
+                            "mismatch trajectory replay", model, replayed, B, T, T, _committed_per_step(w)))
     if w.beta > 0:
         out += _policy_passes(w, "reference (β > 0)", "reference", it, B)
     return out

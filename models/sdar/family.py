@@ -42,6 +42,7 @@ FAMILY = Family(
                      "process or with --fp8-backend none.",
     sampler_fields=("sdar_strategy", "sdar_threshold"),
     model_block_length=Hook(f"{_M}.sdar.model:trained_block_length"),
+    records_logp_mu=False,
     plan_config=Hook(f"{_M}.sdar.shape:plan_config"),
     plan_shape=Hook(f"{_M}.sdar.shape:plan_shape"),
     plan_copy_bytes=Hook(f"{_M}.sdar.shape:plan_copy_bytes"),
