@@ -61,7 +61,6 @@ def test_the_sdar_presets_carry_trados_rl_settings_and_get_a_plan(name):
     from dllm_ais.plan.workload import likelihood_passes
 
     names = [(ps.what, ps.model) for ps in likelihood_passes(plan.workload)]
-    assert ("mismatch trajectory replay (master)", "master") in names, names
-    assert ("mismatch trajectory replay (rollout)", "rollout") in names, names
+    assert ("mismatch replay of π_old", "master") in names and ("mismatch replay of μ", "rollout") in names, names
     assert any(n.startswith("log μ (same masks)") and m == "rollout" for n, m in names), names
     assert "SDAR-8B" in format_plan(plan, p)  # the report renders (no Fast-dLLM cache offered to SDAR)

@@ -242,9 +242,9 @@ def likelihood_passes(w: Workload) -> list[Pass]:
         # train/step_mismatch.py); without one (SDAR) both copies replay the path that ran
         replayed = w.replay_steps if w.replay_steps is not None else (
             w.trajectory_steps if w.trajectory_steps is not None else nfe(w))
-        for model in ("master",) if records else ("master", "rollout"):
-            out.append(Pass("likelihood", f"mismatch trajectory replay ({model})" if not records else
-                            "mismatch trajectory replay", model, replayed, B, T, T, _committed_per_step(w)))
+        for model, who in (("master", "π_old"),) if records else (("master", "π_old"), ("rollout", "μ")):
+            out.append(Pass("likelihood", "mismatch trajectory replay" if records else f"mismatch replay of {who}",
+                            model, replayed, B, T, T, _committed_per_step(w)))
     if w.beta > 0:
         out += _policy_passes(w, "reference (β > 0)", "reference", it, B)
     return out
