@@ -95,15 +95,14 @@ class Family:
     """The rollout copy runs the fused FP8 producers on CUDA (plan/memory.py counts their working set)."""
     graphed_sampling: bool = False
     """Sampler steps can be compiled / CUDA-graphed (prompts padded to the compile bucket)."""
-    one_block_uncached: bool = False
-    """Uncached sampling has one block (evaluation sets block_length = gen_length without a cache)."""
     records_logp_mu: bool = True
     """The sampler records each token's log μ, so a trajectory policy's replay serves the trajectory mismatch ratio and
     that ratio replays π_old only; False (SDAR): the ratio replays the path law on π_old and on the rollout copy, and
     log μ is a replay too (plan/workload.py counts what runs)."""
-    model_block_length: Hook | None = None
-    """model_block_length(model) -> the block length the model was trained with (SDAR's config.block_size), which
-    evaluation samples with whatever the protocol's block (d1's 32); None: the protocol's block."""
+    eval_block_length: Callable | None = None
+    """eval_block_length(model, SamplerConfig) -> the block length evaluation samples with whatever the protocol's
+    block (d1's 32), steps per token kept, or None for the protocol's: Dream's one block without a cache (its own
+    generate has no blocks), SDAR's trained block (config block_size). None: always the protocol's."""
     fsdp_fp8_refusal: str | None = None
     """Why FSDP with FP8 rollouts is refused for this family (None: supported)."""
     sampler_fields: tuple[str, ...] = ()

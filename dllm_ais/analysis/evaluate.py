@@ -117,10 +117,9 @@ def evaluate(model, tokenizer, task_name: str, sampler: SamplerConfig, *, split:
     check_protocol(protocol, task_name)
     sampler = replace(sampler, temperature=temperature)
     fam = get_family(family)
-    if fam.one_block_uncached and sampler.cache == "none":  # Dream's own generate has one block
-        sampler = replace(sampler, block_length=sampler.gen_length)
-    if fam.model_block_length is not None:  # a block model samples with the block it was trained on (SDAR: 4)
-        sampler = with_block_length(sampler, fam.model_block_length(model))
+    block = None if fam.eval_block_length is None else fam.eval_block_length(model, sampler)
+    if block is not None:  # the family's own block (Dream uncached: one; SDAR: the trained one)
+        sampler = with_block_length(sampler, block)
     rows = _load_rows(task, split, data_path, limit, seed, task_config)
     prompts = [r["prompt"] for r in rows] if protocol == "strict" else [d1.user_prompt(task_name, r) for r in rows]
     prefix = d1.ASSISTANT_PREFIX if protocol == "d1" else ""

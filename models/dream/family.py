@@ -16,6 +16,11 @@ def runs_origin(s) -> bool:
     return s.dream_alg == "origin" or (s.dream_alg is None and s.remasking == "random")
 
 
+def one_block_uncached(model, s) -> int | None:
+    """Evaluation's block (Family.eval_block_length): without a cache one block, as Dream's own generate has none."""
+    return s.gen_length if s.cache == "none" else None
+
+
 def refusal(s, policy_logprob: str, mismatch_estimator: str, trajectory_steps: int | None) -> str | None:
     """What Dream's trainer backend (models/dream/backend.py) cannot do with SamplerConfig `s`, in one line, or
     None."""
@@ -53,5 +58,5 @@ FAMILY = Family(
     plan_shape=Hook(f"{_M}.dream.shape:plan_shape"),
     plan_copy_bytes=Hook(f"{_M}.dream.shape:plan_copy_bytes"),
     plan_commit_steps=Hook(f"{_M}.dream.shape:plan_commit_steps"),
-    one_block_uncached=True,
+    eval_block_length=one_block_uncached,
 )

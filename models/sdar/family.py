@@ -24,6 +24,12 @@ def refusal(s, policy_logprob: str, mismatch_estimator: str, trajectory_steps: i
     return None
 
 
+def trained_block_length(model, s) -> int:
+    """Evaluation's block (Family.eval_block_length): the block `model` (an SDARModel, its FP8 copy or a peft wrapper)
+    was trained with, config.json's block_size."""
+    return int(model.config.block_size)
+
+
 FAMILY = Family(
     name="sdar",
     title="SDAR",
@@ -41,7 +47,7 @@ FAMILY = Family(
     fsdp_fp8_refusal="FSDP with FP8 rollouts of an SDAR model is not built yet (no FSDP test of SDAR); train on one "
                      "process or with --fp8-backend none.",
     sampler_fields=("sdar_strategy", "sdar_threshold"),
-    model_block_length=Hook(f"{_M}.sdar.model:trained_block_length"),
+    eval_block_length=trained_block_length,
     records_logp_mu=False,
     plan_config=Hook(f"{_M}.sdar.shape:plan_config"),
     plan_shape=Hook(f"{_M}.sdar.shape:plan_shape"),

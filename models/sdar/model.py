@@ -493,9 +493,3 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 def lora_target_regex(targets: tuple[str, ...] = LORA_TARGETS) -> str:
     """A peft `target_modules` regex matching the block linears only."""
     return rf".*\.layers\.\d+\.(self_attn|mlp)\.({'|'.join(targets)})"
-
-
-def trained_block_length(model) -> int:
-    """The block length `model` (an SDARModel, its FP8 copy or a peft wrapper of it) was trained with: config.json's
-    block_size (the family's model_block_length hook: evaluation samples in these blocks)."""
-    return int(model.config.block_size)
