@@ -417,9 +417,6 @@ class Preset:
         family = get_family(self.model.family)
         if why := foreign_sampler_setting(family, self.sampler):
             raise ValueError(why)
-        if not family.position_rules and (self.sampler.dream_alg, self.sampler.dream_alg_temp) != (None, None):
-            raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
-                             "none: drop them.")
         # what the family's sampler cannot run comes first: advice about estimators is moot for such a sampler
         if family.refusal is not None and (why := family.refusal(self.sampler, self.train.policy_logprob,
                                                                  self.train.mismatch_estimator,

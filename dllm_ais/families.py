@@ -130,8 +130,11 @@ def get_family(name: str) -> Family:
 
 
 def foreign_sampler_setting(family: Family, sampler) -> str | None:
-    """One line naming a SamplerConfig field another family owns (`Family.sampler_fields`) that `sampler` sets for
-    `family`, or None."""
+    """One line naming a SamplerConfig setting another family owns that `sampler` sets for `family` — Dream's position
+    rule (`position_rules`) or a field in another family's `sampler_fields` — or None."""
+    if not family.position_rules and (sampler.dream_alg, sampler.dream_alg_temp) != (None, None):
+        return (f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has none: drop "
+                "them.")
     for owner in FAMILIES.values():
         for name in owner.sampler_fields:
             if name not in family.sampler_fields and getattr(sampler, name, None) is not None:

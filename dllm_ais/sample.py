@@ -59,9 +59,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
                            cuda_graphs=args.cuda_graphs, dream_alg=args.dream_alg, dream_alg_temp=args.dream_alg_temp,
                            sdar_strategy=args.sdar_strategy, sdar_threshold=args.sdar_threshold)
     family = get_family(model_cfg.family)
-    if not family.position_rules and (args.dream_alg, args.dream_alg_temp) != (None, None):
-        raise ValueError(f"--dream-alg / --dream-alg-temp set Dream's position rule; {family.title}'s sampler has "
-                         "none: drop them.")
     if why := foreign_sampler_setting(family, sampler_cfg):
         raise ValueError(why)
     if not family.diffusion and (sampler_cfg.cache != "none" or sampler_cfg.threshold is not None):
