@@ -28,11 +28,11 @@ DREAM_SAMPLERS = ("entropy", "maskgit_plus")
 SAMPLERS = {"llada": LLADA_SAMPLERS, "dream": DREAM_SAMPLERS}
 
 
-GRID = (("llada", "low_confidence", (8, 16, 32, 64)), ("llada", "low_confidence-blocks", (8, 16)),
-        ("llada", "threshold", (8, 16)), ("dream", "entropy", (8, 16, 32, 64)), ("dream", "maskgit_plus", (8, 16)))
+GRID = (("llada", "low_confidence", (8, 16, 32, 64)), ("llada", "low_confidence-blocks", (8, 16, 32, 64)),
+        ("llada", "threshold", (8, 16, 32, 64)), ("dream", "entropy", (8, 16, 32, 64)),
+        ("dream", "maskgit_plus", (8, 16, 32, 64)))
 """The full grid's cells (family, sampler, lengths) — every checkpoint of each (Dream's models are trained with the
-entropy rule; maskgit_plus samples the same models). The blocked and threshold samplers at L = 32, 64 are not in it
-(each is one entry away: `Rung2Config.grid`)."""
+entropy rule; maskgit_plus samples the same models): every sampler at every length the issue names."""
 
 
 @dataclass(frozen=True)
