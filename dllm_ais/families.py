@@ -103,6 +103,11 @@ class Family:
     """eval_block_length(model, SamplerConfig) -> the block length evaluation samples with whatever the protocol's
     block (d1's 32), steps per token kept, or None for the protocol's: Dream's one block without a cache (its own
     generate has no blocks), SDAR's trained block (config block_size). None: always the protocol's."""
+    eval_uses_rollout_sampler: bool = False
+    """A trained checkpoint of this family is evaluated and sampled (`eval` strict, `sample --run`) with its preset's
+    rollout sampler at temperature 0 — its own strategy, block and steps per token — instead of d1's LLaDA sampler
+    (SDAR: d1's low-confidence blocks of 32 are not how a block-diffusion model decodes). `eval --protocol d1` keeps
+    d1's sampler either way."""
     fsdp_fp8_refusal: str | None = None
     """Why FSDP with FP8 rollouts is refused for this family (None: supported)."""
     sampler_fields: tuple[str, ...] = ()

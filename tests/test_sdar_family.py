@@ -97,3 +97,21 @@ def test_eval_samples_in_the_blocks_the_model_was_trained_with(tmp_path, capsys)
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and "blocks of 4" in errors[0], errors
     assert not list((tmp_path / "ev30").rglob("scores.json"))
+
+
+def test_a_trained_sdar_is_evaluated_and_sampled_with_its_own_rollout_sampler_at_t0():
+    """`eval` (strict) and `sample --run` take analysis.evaluate.eval_sampler: an SDAR checkpoint keeps its preset's
+    strategy, threshold and blocks (d1's LLaDA sampler refused sdar-8b-gsm8k's 2,000 tokens, which are not a whole
+    number of its blocks of 32, and would have dropped the dynamic rule); another length keeps the steps per block;
+    a LLaDA checkpoint still gets d1's sampler."""
+    from dllm_ais.analysis.evaluate import d1_sampler, eval_sampler
+
+    preset = get_preset("sdar-8b-gsm8k")
+    s = eval_sampler(preset)
+    assert s == override(preset.sampler, temperature=0.0) and s.sdar_strategy == "low_confidence_dynamic"
+    s256 = eval_sampler(preset, 256)
+    assert (s256.gen_length, s256.block_length, s256.steps, s256.sdar_threshold, s256.temperature) == (
+        256, 4, 256, 0.9, 0.0)
+    with pytest.raises(ValueError, match="blocks of 4"):
+        eval_sampler(preset, 30)
+    assert eval_sampler(get_preset("llada-8b-gsm8k"), 256) == d1_sampler(256)

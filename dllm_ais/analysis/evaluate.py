@@ -55,16 +55,22 @@ def d1_sampler(gen_length: int) -> SamplerConfig:
 def eval_sampler(preset: Preset, gen_length: int | None = None) -> SamplerConfig:
     """Sampler for evaluating `preset`'s model at `gen_length` (None: the preset's length).
 
-    Real checkpoints (preset.model.path set) get `d1_sampler`. The tiny built-in model keeps its preset's settings
-    at temperature 0; another length gets one block and the preset's steps-per-token ratio.
+    Real checkpoints (preset.model.path set) get `d1_sampler`, unless their family evaluates with its own rollout
+    sampler (Family.eval_uses_rollout_sampler: SDAR). The tiny built-in model, and such a family, keep the preset's
+    settings at temperature 0; another length keeps the preset's steps per token — in one block (the tiny model), or
+    in the preset's blocks (a family with its own sampler: a length off its blocks is refused in one line).
     """
+    from dllm_ais.families import get_family
+
     base = preset.sampler
-    if preset.model.path is not None:
+    own = get_family(preset.model.family).eval_uses_rollout_sampler
+    if preset.model.path is not None and not own:
         return d1_sampler(gen_length or base.gen_length)
     if gen_length is None or gen_length == base.gen_length:
         return replace(base, temperature=0.0)
     steps = max(1, gen_length * base.steps // base.gen_length)
-    return replace(base, gen_length=gen_length, block_length=gen_length, steps=steps, temperature=0.0)
+    one_block = replace(base, gen_length=gen_length, block_length=gen_length, steps=steps, temperature=0.0)
+    return with_block_length(one_block, base.block_length) if own else one_block
 
 
 # ---------------------------------------------------------------------------------------------------------------------

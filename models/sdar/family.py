@@ -48,6 +48,7 @@ FAMILY = Family(
                      "process or with --fp8-backend none.",
     sampler_fields=("sdar_strategy", "sdar_threshold"),
     eval_block_length=trained_block_length,
+    eval_uses_rollout_sampler=True,
     records_logp_mu=False,
     plan_config=Hook(f"{_M}.sdar.shape:plan_config"),
     plan_shape=Hook(f"{_M}.sdar.shape:plan_shape"),
