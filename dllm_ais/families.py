@@ -91,6 +91,9 @@ class Family:
     plan_commit_steps: Hook | None = None
     """plan_commit_steps(SamplerConfig) -> the sampler steps that commit a token in a sequence (what a trajectory
     replay scores per sequence); None: every step (LLaDA's schedule commits at each)."""
+    replay_step_canvases: int = 1
+    """Full-canvas forwards one replayed step costs (SDAR: one two-stream forward of twice the canvas, 2); the plan
+    multiplies the replayed steps, after `--trajectory-merge` grouped them, by it."""
     fused_producers: bool = False
     """The rollout copy runs the fused FP8 producers on CUDA (plan/memory.py counts their working set)."""
     graphed_sampling: bool = False

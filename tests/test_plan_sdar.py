@@ -64,3 +64,35 @@ def test_the_sdar_presets_carry_trados_rl_settings_and_get_a_plan(name):
     assert ("mismatch replay of π_old", "master") in names and ("mismatch replay of μ", "rollout") in names, names
     assert any(n.startswith("log μ (same masks)") and m == "rollout" for n, m in names), names
     assert "SDAR-8B" in format_plan(plan, p)  # the report renders (no Fast-dLLM cache offered to SDAR)
+
+
+def test_the_plan_counts_tracerl_shrink_per_block_as_the_replay_runs(monkeypatch):
+    """TraceRL's shrink k groups each block's local steps (models/sdar/trajectory.py), so a path-law replay runs
+    ⌈S / k⌉ two-stream forwards (2 canvases each): the plan counted ⌈2S / k⌉ canvases before (3 for S = 4, k = 3,
+    where 4 run). The forwards are counted on a real replay of a tiny SDAR at the same S and k."""
+    from dataclasses import replace
+
+    import dllm_ais.models.sdar.trajectory as traj
+    from dllm_ais.models.sdar.backend import build_backend
+    from dllm_ais.plan.predict import make_plan
+
+    p = get_preset("trado-8b-math")
+    p = replace(p, train=replace(p.train, trajectory_merge=3))
+    S = p.sampler.steps // p.sampler.num_blocks
+    assert S == 4
+    draws = make_plan(p, "h100").workload.policy_draws
+    assert draws == 2 * 2  # 2 · ⌈4 / 3⌉
+
+    tiny = get_preset("tiny-sdar")
+    sampler = replace(tiny.sampler, steps=S * tiny.sampler.num_blocks, sdar_strategy="low_confidence_static")
+    model = tiny_sdar_model(seed=0)
+    backend = build_backend(sampler, model, None, replace(tiny.train, policy_logprob="trajectory", trajectory_merge=3))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, 100, (2, 5), generator=g)
+    rollout = backend.sample(model, prompt, torch.ones_like(prompt, dtype=torch.bool), g)
+    calls = []
+    forward = traj.two_stream_logits
+    monkeypatch.setattr(traj, "two_stream_logits", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    with torch.no_grad():
+        backend.token_logp(model, rollout, 0)
+    assert 2 * len(calls) == draws  # two canvases a two-stream forward

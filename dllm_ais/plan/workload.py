@@ -324,8 +324,9 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     family = get_family(preset.model.family)
     committing = family.plan_commit_steps(sc) if family.plan_commit_steps is not None else sc.steps
     replayed = min(tc.trajectory_steps, committing) if tc.trajectory_steps is not None else committing
+    cost = family.replay_step_canvases  # canvases one replayed step costs (SDAR: a two-stream forward, 2)
     if policy == "trajectory":
-        draws = -(-replayed // merge)
+        draws = -(-replayed // merge) * cost
     elif policy == "one_step":
         draws = 1
     else:  # a mask-draw likelihood: its registry object knows its rows (mdpo, dtreerpo: capped by the steps)
@@ -342,4 +343,4 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
         num_iterations=gc.num_iterations, beta=gc.beta, mismatch=mismatch_kind(preset),
         mismatch_draws=tc.mismatch_num_draws, trajectory_steps=tc.trajectory_steps, bypass=preset.correction.bypass,
         gpus=gpus, fsdp=fsdp, gradient_checkpointing=gradient_checkpointing, train_steps=tc.steps, policy=policy,
-        policy_draws=draws, trajectory_merge=merge, family=preset.model.family, replay_steps=replayed)
+        policy_draws=draws, trajectory_merge=merge, family=preset.model.family, replay_steps=replayed * cost)

@@ -54,4 +54,5 @@ FAMILY = Family(
     plan_shape=Hook(f"{_M}.sdar.shape:plan_shape"),
     plan_copy_bytes=Hook(f"{_M}.sdar.shape:plan_copy_bytes"),
     plan_commit_steps=Hook(f"{_M}.sdar.shape:plan_commit_steps"),
+    replay_step_canvases=2,
 )

@@ -65,8 +65,8 @@ def plan_copy_bytes(config, precision: str, dtype: torch.dtype, fp8_backend: str
 
 
 def plan_commit_steps(sampler) -> int:
-    """Canvas-forward equivalents SDAR's path-law replay costs per sequence (what the plan counts per trajectory
-    replay): models/sdar/trajectory.py scores local step s of every block at once in one two-stream forward of twice
-    the canvas, so a rollout costs denoising_steps such forwards, about 2 · denoising_steps full-canvas ones (the
-    linear layers: exactly; attention over 2T keys costs more), however many blocks it has."""
-    return 2 * (sampler.steps // sampler.num_blocks)
+    """The local steps SDAR's path-law replay scores per sequence: models/sdar/trajectory.py scores local step s of
+    every block at once in one two-stream forward of twice the canvas (Family.replay_step_canvases = 2: the linear
+    layers exactly; attention over 2T keys costs more), so a rollout costs denoising_steps such forwards however many
+    blocks it has — ⌈denoising_steps / k⌉ under TraceRL's shrink k, which groups each block's steps."""
+    return sampler.steps // sampler.num_blocks
