@@ -57,12 +57,18 @@ def test_the_sdar_presets_carry_trados_rl_settings_and_get_a_plan(name):
     plan = make_plan(p, "h100")
     assert plan.workload.rows == 64 * 16
     assert plan.workload.replay_steps == 2 * 4  # the path law: 4 two-stream forwards (2 canvases each) a sequence
-    # SDAR records no per-token log μ: the trajectory ratio replays the path on both copies, and log μ is a replay
+    # SDAR records no per-token log μ: log μ is a replay on the rollout copy; at shrink 1 the trajectory ratio is
+    # π_old's replay minus it (no more replays); under a shrink the ratio replays the exact law on both copies
+    from dataclasses import replace
+
     from dllm_ais.plan.workload import likelihood_passes
 
     names = [(ps.what, ps.model) for ps in likelihood_passes(plan.workload)]
-    assert ("mismatch replay of π_old", "master") in names and ("mismatch replay of μ", "rollout") in names, names
     assert any(n.startswith("log μ (same masks)") and m == "rollout" for n, m in names), names
+    assert not any(n.startswith("mismatch") for n, _ in names), names
+    shrunk = make_plan(replace(p, train=replace(p.train, trajectory_merge=2)), "h100")
+    names = [(ps.what, ps.model) for ps in likelihood_passes(shrunk.workload)]
+    assert ("mismatch replay of π_old", "master") in names and ("mismatch replay of μ", "rollout") in names, names
     assert "SDAR-8B" in format_plan(plan, p)  # the report renders (no Fast-dLLM cache offered to SDAR)
 
 

@@ -152,6 +152,8 @@ def test_coupled_ratio_is_zero_for_one_model_and_the_elbo_difference_for_two(mod
 
 
 def test_the_trajectory_ratio_is_the_path_law_difference(model):
+    """ℓ replays the exact law on both copies; with the path law as the policy (shrink 1, same selection setting) it
+    equals the policy's own π_old and μ terms, which the trainer then uses instead (policy_replay_is_ratio)."""
     from dllm_ais.models.sdar.trajectory import path_terms
 
     backend = _backend(model, mismatch_estimator="trajectory", trajectory_selection=True)  # ℓ: no gradient
@@ -161,8 +163,14 @@ def test_the_trajectory_ratio_is_the_path_law_difference(model):
     with torch.no_grad():
         lw = backend.mismatch_log_w(model, roll, rollout, torch.Generator(), "sequence")
         old, mu = (path_terms(m, rollout, backend.sdar, MASK)[0].sum(-1) for m in (model, roll))
+        policy = replace(backend, policy_logprob="trajectory")
+        terms = policy.token_logp(model, rollout, 0) - policy.rollout_token_logp(roll, rollout, 1)
     torch.testing.assert_close(lw, (old - mu).float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(lw, torch.where(rollout.completion_mask, terms, 0.0).sum(-1), atol=1e-5, rtol=0)
     assert (lw != 0).any()
+    assert policy.policy_replay_is_ratio and not backend.policy_replay_is_ratio  # backend: the ELBO policy
+    assert not replace(policy, trajectory_merge=2).policy_replay_is_ratio  # TraceRL's shrink is not the exact law
+    assert not replace(policy, mismatch_estimator="elbo").policy_replay_is_ratio
 
 
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "low_confidence_static"])
@@ -244,10 +252,13 @@ def test_a_trajectory_grpo_run_on_tiny_sdar_moves_the_policy(tmp_path, monkeypat
     from test_backends import REWARD_MODULE, train_briefly
 
     from dllm_ais import metrics as M
+    from dllm_ais.models.sdar.backend import SDARBackend
     from dllm_ais.train.run_dir import RunDir
 
     (tmp_path / "sdar_reward.py").write_text(REWARD_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # at shrink 1, ℓ is π_old's replay minus μ's, both the policy's own: no third and fourth replay
+    monkeypatch.setattr(SDARBackend, "mismatch_log_w", lambda *a, **k: pytest.fail("the path was replayed again"))
     out = tmp_path / "run"
     rows = train_briefly("tiny-sdar", out, "sdar_reward:reward", policy_logprob="trajectory",
                          mismatch_estimator="trajectory")

@@ -237,9 +237,10 @@ def likelihood_passes(w: Workload) -> list[Pass]:
         for model, who in (("master", "π_old"), ("rollout", "μ")):  # same draws; head: the masked positions (≤ L)
             out.append(Pass("likelihood", f"mismatch ELBO of {who} ({w.mismatch_draws} draws)", model, calls, per_call,
                             T, T, L))
-    elif w.mismatch == "trajectory" and (w.policy != "trajectory" or not records):
+    elif w.mismatch == "trajectory" and not (w.policy == "trajectory" and (records or w.trajectory_merge == 1)):
         # a recorded log μ: only π_old replays (with a trajectory policy ℓ reuses the policy's π_old replay:
-        # train/step_mismatch.py); without one (SDAR) both copies replay the path that ran
+        # train/step_mismatch.py); without one (SDAR) both copies replay the path that ran, unless the policy's
+        # own replays of π_old and μ are the path law (shrink 1: SDARBackend.policy_replay_is_ratio)
         replayed = w.replay_steps if w.replay_steps is not None else (
             w.trajectory_steps if w.trajectory_steps is not None else nfe(w))
         for model, who in (("master", "π_old"),) if records else (("master", "π_old"), ("rollout", "μ")):

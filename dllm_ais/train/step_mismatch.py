@@ -38,6 +38,8 @@ def old_logp(trainer, rollout, seeds: list[int]) -> list[torch.Tensor]:
             chunks = micro_batches(rollout.completion_ids.shape[0], trainer.tc.gradient_accumulation_steps,
                                    rollout.completion_ids.device)
             return [backend.token_logp_by_rows(trainer.master, rollout, chunks)] * len(seeds)
+        if getattr(backend, "seed_free_policy", False):  # SDAR's path law: no draws, one replay for every iteration
+            return [backend.token_logp(trainer.master, rollout, seeds[0])] * len(seeds)
         return [backend.token_logp(trainer.master, rollout, s) for s in seeds]
 
 
@@ -56,6 +58,8 @@ def correction(trainer, rollout, adv, logp_old: torch.Tensor, seed: int
             log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)  # zeros
         elif scale is not None and backend.mismatch_estimator == "trajectory":  # π_old's replay is the policy's
             token_log_w = (token_log_w.double() * scale).float()  # ℓ_j, Horvitz–Thompson weighted
+            log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)
+        elif getattr(backend, "policy_replay_is_ratio", False):  # SDAR: π_old's and μ's path-law replays are ℓ's
             log_w = token_log_w if cc.correction_level != "sequence" else token_log_w.sum(-1)
         elif getattr(backend, "mismatch_estimator", "elbo") == "trajectory":  # replayed canvases, every level
             with train_forward(trainer):

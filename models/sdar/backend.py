@@ -91,6 +91,19 @@ class SDARBackend(DiffusionBackend):
         """Every counted token is scored (no Horvitz–Thompson subsampling)."""
         return None
 
+    @property
+    def policy_replay_is_ratio(self) -> bool:
+        """The policy's per-token terms are the trajectory ratio's (the path law at shrink 1, the same selection
+        setting): ℓ is π_old's replay minus μ's, both replayed for the policy already (train/step_mismatch.py), so
+        `mismatch_log_w` does not replay the path on both copies again."""
+        return (self.policy_logprob == "trajectory" and self.trajectory_merge == 1
+                and self.mismatch_estimator == "trajectory")
+
+    @property
+    def seed_free_policy(self) -> bool:
+        """The policy likelihood draws nothing (the path law): one π_old replay serves every inner iteration."""
+        return self.policy_logprob == "trajectory"
+
     def _elbo(self, model, rollout: Rollout, generator: torch.Generator, rows=None, num_draws=None) -> torch.Tensor:
         from dllm_ais.models.sdar.likelihood import block_elbo_token_logp
 
