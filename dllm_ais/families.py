@@ -91,6 +91,12 @@ class Family:
     plan_commit_steps: Hook | None = None
     """plan_commit_steps(SamplerConfig) -> the sampler steps that commit a token in a sequence (what a trajectory
     replay scores per sequence); None: every step (LLaDA's schedule commits at each)."""
+    plan_rollout_passes: Hook | None = None
+    """plan_rollout_passes(Workload) -> [plan.workload.Pass]: the sampler's forwards per step, where the family's
+    sampler is not the generic diffusion one (SDAR: one block against its native KV cache a step); None: the generic
+    sampler's (plan/workload.py `rollout_passes`)."""
+    native_kv_cache: bool = False
+    """The family's sampler always keeps a KV cache of the canvas (SDAR's per-block cache): the plan counts it."""
     replay_step_canvases: int = 1
     """Full-canvas forwards one replayed step costs (SDAR: one two-stream forward of twice the canvas, 2); the plan
     multiplies the replayed steps, after `--trajectory-merge` grouped them, by it."""

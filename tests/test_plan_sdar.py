@@ -102,3 +102,28 @@ def test_the_plan_counts_tracerl_shrink_per_block_as_the_replay_runs(monkeypatch
     with torch.no_grad():
         backend.token_logp(model, rollout, 0)
     assert 2 * len(calls) == draws  # two canvases a two-stream forward
+
+
+@pytest.mark.parametrize("prompt_len", [8, 6, 7, 3])  # whole prompt blocks; a tail of 2, 3 (fewer first steps), 3
+def test_the_plan_counts_sdars_cached_rollout_forwards_as_the_sampler_runs(prompt_len):
+    """SDAR's rollout is the prefill, S cached block steps and one store pass per block (Family.plan_rollout_passes),
+    not a full-canvas forward per step: the plan's calls equal a real tiny rollout's NFE (static strategy: every
+    step of a block runs), its KV cache is counted, and the rollout's per-step work is one block, not the canvas."""
+    from dataclasses import replace
+
+    from dllm_ais.models.sdar.backend import build_backend
+    from dllm_ais.plan.predict import make_plan
+    from dllm_ais.plan.workload import rollout_passes
+
+    p = get_preset("tiny-sdar")
+    p = replace(p, sampler=replace(p.sampler, sdar_strategy="low_confidence_static"))
+    plan = make_plan(p, "h100")
+    w = replace(plan.workload, rollout_prompt_len=prompt_len, rows=2)
+    passes = rollout_passes(w)
+    backend = build_backend(p.sampler, tiny_sdar_model(seed=0), None)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, 100, (2, prompt_len), generator=g)
+    rollout = backend.sample(tiny_sdar_model(seed=0), prompt, torch.ones_like(prompt, dtype=torch.bool), g)
+    assert sum(ps.calls for ps in passes) == rollout.nfe
+    assert all(ps.tokens <= max(p.sampler.block_length, prompt_len) for ps in passes)
+    assert plan.memory.kv_cache > 0

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dllm_ais.families import get_family
+
 from .shape import LORA_TARGETS_PER_BLOCK, ModelShape
 from .workload import Pass, Workload, likelihood_passes, rollout_passes
 
@@ -185,7 +187,8 @@ def predict_memory(shape: ModelShape, w: Workload, rollout_copy_bytes: int, fuse
     roll = [pass_bytes(shape, p, s, rollout_fused) for p in rollout_passes(w)]
     tail = w.rows * w.block_length * shape.vocab * sampling_tail_bytes(w.temperature, w.remasking, s, w.cfg)
     likelihood = [pass_bytes(shape, p, s, rollout_fused and p.model == "rollout") for p in likelihood_passes(w)]
-    kv = 0 if w.cache == "none" else 2 * shape.n_layers * w.rows * w.rollout_canvas * shape.kv_dim * s
+    cached = w.cache != "none" or get_family(w.family).native_kv_cache  # Fast-dLLM's cache, or SDAR's own
+    kv = 2 * shape.n_layers * w.rows * w.rollout_canvas * shape.kv_dim * s if cached else 0
     return MemoryPlan(
         master=P * pb / shard, fp32_master_copy=master_copy, lora=lora * 4 / shard, optimizer=trained * 8 / shard,
         gradients=gradients,

@@ -178,7 +178,11 @@ def nfe(w: Workload) -> int:
 
 
 def rollout_passes(w: Workload) -> list[Pass]:
-    """The sampler's forwards (samplers/diffusion.py): full canvases, or a block's refresh + its cached windows."""
+    """The sampler's forwards (samplers/diffusion.py): full canvases, or a block's refresh + its cached windows; a
+    family with its own sampler counts its own (Family.plan_rollout_passes: SDAR's cached block steps)."""
+    family = get_family(w.family)
+    if family.plan_rollout_passes is not None:
+        return family.plan_rollout_passes(w)
     T, B, Lb = w.rollout_canvas, w.rows, w.block_length
     blocks = w.gen_length // Lb
     per_block = w.sampler_steps // blocks

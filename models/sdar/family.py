@@ -55,4 +55,6 @@ FAMILY = Family(
     plan_copy_bytes=Hook(f"{_M}.sdar.shape:plan_copy_bytes"),
     plan_commit_steps=Hook(f"{_M}.sdar.shape:plan_commit_steps"),
     replay_step_canvases=2,
+    plan_rollout_passes=Hook(f"{_M}.sdar.shape:plan_rollout_passes"),
+    native_kv_cache=True,
 )

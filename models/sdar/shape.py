@@ -70,3 +70,28 @@ def plan_commit_steps(sampler) -> int:
     layers exactly; attention over 2T keys costs more), so a rollout costs denoising_steps such forwards however many
     blocks it has — ⌈denoising_steps / k⌉ under TraceRL's shrink k, which groups each block's steps."""
     return sampler.steps // sampler.num_blocks
+
+
+def plan_rollout_passes(w) -> list:
+    """SDAR's sampler forwards per rollout (models/sdar/sampler.py, block_diffusion_generate's schedule): the prompt's
+    whole blocks prefilled once; then per block its denoising steps, each the block's Lb tokens against the cache,
+    and one pass storing the finished block's KV (its logits computed and unused). The first block also finishes the
+    prompt's partial block (its tail of P mod Lb tokens): it has fewer masks, so it may need fewer steps, and the
+    completion spills into one more block when there is a tail. Static strategy: exact; the dynamic rule can finish a
+    block in fewer steps (an upper bound). A block's tokens see every earlier token and their own block, so the b-th
+    block's keys are prefill + (b + 1) · Lb: the passes carry the mean over blocks, rounded up (attention's cost is
+    linear in the keys)."""
+    from dllm_ais.models.sdar.selection import transfer_counts
+    from dllm_ais.plan.workload import Pass
+
+    P, B, Lb = w.rollout_prompt_len, w.rows, w.block_length
+    S = w.sampler_steps // (w.gen_length // Lb)
+    tail = P % Lb
+    prefill = P - tail
+    blocks = -(-(tail + w.gen_length) // Lb)
+    counts = transfer_counts(Lb, S)
+    first = next(s + 1 for s in range(S) if sum(counts[:s + 1]) >= Lb - tail)  # steps of the first block
+    keys = prefill + math.ceil(Lb * (blocks + 1) / 2)
+    out = [Pass("rollout", "prompt prefill (whole blocks)", "rollout", 1, B, prefill, prefill, 0)] if prefill else []
+    return [*out, Pass("rollout", "block step (cached)", "rollout", first + (blocks - 1) * S, B, Lb, keys, Lb),
+            Pass("rollout", "finished block's KV stored", "rollout", blocks, B, Lb, keys, Lb)]
