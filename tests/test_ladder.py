@@ -1,6 +1,8 @@
 """The estimator ladder's command (analysis/ladder.py): --smoke is bit-reproducible (rung 2's models trained anew each
 time, its Monte Carlo, the report and the figure), and the rank intervals move only past distinguishable rivals."""
 
+import pytest
+
 from dllm_ais.analysis import ladder
 from dllm_ais.analysis.ladder_rank import rank_intervals
 
@@ -52,3 +54,16 @@ def test_the_status_says_what_each_rung_lacks():
     text = "\n".join(status(doc))
     assert "2 cells" in text and "4,096 sampled paths per cell" in text and "≥ 100,000" in text
     assert "L = 8 only" in text and "not run at scale" in text
+
+
+def test_paths_per_length():
+    """--paths L:N,L:N gives each length its own count (the others keep Rung2Config's); a length rung 2 does not
+    have is refused."""
+    cfg = ladder.rung2_config("full", (8, 32), ladder.parse_paths("8:4096,32:1024"))
+    assert dict(cfg.paths)[8] == 4096 and dict(cfg.paths)[32] == 1024
+    assert dict(cfg.paths)[16] == dict(ladder.R2.Rung2Config().paths)[16]
+    assert ladder.parse_paths("512") == 512
+    with pytest.raises(SystemExit, match="L = \\[12\\]"):
+        ladder.rung2_config("full", (8,), ladder.parse_paths("12:100"))
+    with pytest.raises(SystemExit, match="L:N"):
+        ladder.parse_paths("8:many")

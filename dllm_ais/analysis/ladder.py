@@ -33,9 +33,25 @@ from dllm_ais.analysis.mc_ground_truth import MCConfig
 from dllm_ais.atomic import atomic_write_text
 
 
-def rung2_config(mode: str, lengths: tuple[int, ...] = (), paths: int | None = None) -> R2.Rung2Config:
+def parse_paths(text: str | None) -> int | dict[int, int] | None:
+    """--paths: "4096" (every length) or "8:4096,32:1024" (per completion length L)."""
+    if text is None or ":" not in text:
+        return None if text is None else int(text)
+    out = {}
+    for part in text.split(","):
+        L, _, n = part.partition(":")
+        try:
+            out[int(L)] = int(n)
+        except ValueError:
+            raise SystemExit(f"--paths {text}: write N or L:N,L:N (e.g. 8:4096,32:1024).") from None
+    return out
+
+
+def rung2_config(mode: str, lengths: tuple[int, ...] = (), paths: int | dict[int, int] | None = None
+                 ) -> R2.Rung2Config:
     """The full, --quick or --smoke grid of rung 2 (module doc of ladder_rung2.py); the full grid restricted to
-    `lengths` (when given) with `paths` paths per cell (when given)."""
+    `lengths` (when given) with `paths` paths per cell (when given: one count, or a count per length — a length it
+    does not name keeps Rung2Config's)."""
     if mode == "full":
         from dataclasses import replace
 
@@ -43,7 +59,13 @@ def rung2_config(mode: str, lengths: tuple[int, ...] = (), paths: int | None = N
         if lengths:
             grid = tuple((f, s, tuple(L for L in ls if L in lengths)) for f, s, ls in cfg.grid)
             cfg = replace(cfg, grid=tuple(g for g in grid if g[2]))
-        if paths is not None:
+        if isinstance(paths, dict):
+            unknown = set(paths) - dict(cfg.paths).keys()
+            if unknown:
+                raise SystemExit(f"--paths names L = {sorted(unknown)}; rung 2's lengths are "
+                                 f"{', '.join(str(L) for L, _ in cfg.paths)}.")
+            cfg = replace(cfg, paths=tuple((L, paths.get(L, n)) for L, n in cfg.paths))
+        elif paths is not None:
             cfg = replace(cfg, paths=tuple((L, paths) for L, _ in cfg.paths))
         return cfg
     if lengths or paths is not None:
@@ -147,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--smoke", action="store_true", help="seconds: every code path at toy sizes")
     ap.add_argument("--lengths", default="", help="comma list: rung 2's full grid at these completion lengths only "
                     "(of 8, 16, 32, 64)")
-    ap.add_argument("--paths", type=int, default=None, help="sampled paths per rung-2 cell at every length (default: "
-                    "ladder_rung2.Rung2Config.paths)")
+    ap.add_argument("--paths", default=None, help="sampled paths per rung-2 cell: N at every length, or L:N,L:N per "
+                    "length (default: ladder_rung2.Rung2Config.paths)")
     ap.add_argument("--models", default="runs/ladder", help="cache of rung 2's trained models (gitignored)")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
     args = ap.parse_args(argv)
@@ -164,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             run_rung1(out, m)
         if "2" in rungs:
             lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
-            run_rung2(out, rung2_config(m, lengths, args.paths), Path(args.models) if m != "smoke" else out / "models")
+            models = Path(args.models) if m != "smoke" else out / "models"
+            run_rung2(out, rung2_config(m, lengths, parse_paths(args.paths)), models)
     report(out)
     print(f"wrote {out}")
     return 0

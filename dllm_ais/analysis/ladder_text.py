@@ -16,14 +16,16 @@ RUNG3 = ("python scripts/study_corrections.py --plan study/estimators-rl-<task>.
 
 
 def _rung2_command(c: dict, Ls: list[int], paths: list[int]) -> str:
-    """' Run by `...`.' when the stored grid is the full grid at some lengths with one path count (else '')."""
+    """' Run by `...`.' when the stored grid is the full grid at some lengths (else '')."""
     from dllm_ais.analysis.ladder_rung2 import GRID
 
     grid = [[f, s, [L for L in ls if L in Ls]] for f, s, ls in GRID]
-    if len(paths) != 1 or [g for g in grid if g[2]] != c["grid"]:
+    if [g for g in grid if g[2]] != c["grid"]:
         return ""
+    per_length = ",".join(f"{L}:{p}" for L, p in c["paths"] if L in Ls)
     return (f" Run by `python -m dllm_ais.analysis.ladder --rungs 2 --lengths {','.join(map(str, Ls))} "
-            f"--paths {paths[0]} --out benchmarks/estimators` (its machine, load and versions: rung2/RUN.md).")
+            f"--paths {paths[0] if len(paths) == 1 else per_length} --out benchmarks/estimators` (its machine, load "
+            "and versions: rung2/RUN.md).")
 
 
 def status(docs: dict) -> list[str]:
@@ -44,9 +46,10 @@ def status(docs: dict) -> list[str]:
         Ls = sorted({L for _, _, ls in c["grid"] for L in ls})
         cells = len(docs["rung2"]["cells"])
         grid = "; ".join(f"{f} {s} at L = {', '.join(map(str, ls))}" for f, s, ls in c["grid"])
+        factor = " to ".join(f"{(ISSUE_PATHS / p) ** 0.5:.0f}" for p in sorted({max(paths), min(paths)}, reverse=True))
         short = "" if min(paths) >= ISSUE_PATHS else (
             f" — issue 40 asks for ≥ {ISSUE_PATHS:,} paths per cell, so the target's own Monte-Carlo error is "
-            f"≈ {(ISSUE_PATHS / max(paths)) ** 0.5:.0f}× larger than asked (see each cell's relative error)")
+            f"≈ {factor}× larger than asked (see each cell's relative error)")
         full = "" if Ls == [8, 16, 32, 64] else (
             f" L = {', '.join(map(str, Ls))} only: L = 8–64 on the full grid is not run at scale "
             f"(`{FULL_RUNG2}`).")
