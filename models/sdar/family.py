@@ -53,4 +53,6 @@ FAMILY = Family(
     plan_shape=Hook(f"{_M}.sdar.shape:plan_shape"),
     plan_copy_bytes=Hook(f"{_M}.sdar.shape:plan_copy_bytes"),
     plan_commit_steps=Hook(f"{_M}.sdar.shape:plan_commit_steps"),
+    own_policy_logprobs=("ebpo",),
+    plan_policy_rows=Hook(f"{_M}.sdar.shape:plan_policy_rows"),
 )

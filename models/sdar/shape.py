@@ -70,3 +70,9 @@ def plan_commit_steps(sampler) -> int:
     the canvas, so a rollout costs denoising_steps such forwards, about 2 · denoising_steps full-canvas ones (the
     linear layers: exactly; attention over 2T keys costs more), however many blocks it has."""
     return 2 * (sampler.steps // sampler.num_blocks)
+
+
+def plan_policy_rows(train, sampler) -> int:
+    """Forward rows per sequence of one evaluation of SDAR's own policy likelihood (`ebpo`, models/sdar/ebpo.py):
+    one two-stream forward per draw, K = --elbo-draws, as the block-wise ELBO."""
+    return train.likelihood.elbo_draws
