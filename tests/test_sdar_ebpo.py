@@ -247,3 +247,12 @@ def test_other_families_refuse_ebpo_in_one_line(preset):
     with pytest.raises(ValueError, match="built for SDAR models only") as err:
         replace(p, train=replace(p.train, policy_logprob="ebpo"))
     assert "\n" not in str(err.value)
+
+
+def test_the_plan_counts_ebpo_rows_through_the_family():
+    from dllm_ais.plan.workload import workload_from_preset
+
+    p = get_preset("tiny-sdar")
+    q = replace(p, train=replace(p.train, policy_logprob="ebpo", likelihood=replace(p.train.likelihood, elbo_draws=3)))
+    w = workload_from_preset(q, prompt_len=8)
+    assert w.policy == "ebpo" and w.policy_draws == 3  # one two-stream forward per draw (models/sdar/shape.py)
