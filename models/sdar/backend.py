@@ -44,9 +44,6 @@ DEFAULT_THRESHOLD = 0.9
 """SamplerConfig.sdar_threshold None: TraDo's dynamic_threshold (configs/rl_trado.yaml; generate.py's CLI: 0.85)."""
 POLICY_LOGPROBS = ("elbo", "ebpo", "trajectory")
 """The policy likelihoods SDAR trains with (module docstring)."""
-ELBO_DRAWS = {"ebpo": "dllm_ais.models.sdar.ebpo:draw_ebpo_masks"}
-"""The mask law of the ELBO that policy likelihood's backend scores (policy ratio and the coupled mismatch ℓ) where it
-is not the block-wise ELBO's own (`likelihood.draw_block_masks`)."""
 
 
 def training_refusal(train) -> str | None:
@@ -102,18 +99,18 @@ class SDARBackend(DiffusionBackend):
         return None
 
     def _elbo(self, model, rollout: Rollout, generator: torch.Generator, rows=None, num_draws=None) -> torch.Tensor:
-        """Per-token ELBO terms [B, L] on the draws of `generator`: the block-wise ELBO's law, or EBPO's
-        (`ELBO_DRAWS`) when the policy likelihood is ebpo."""
-        from dllm_ais.families import Hook
+        """Per-token ELBO terms [B, L] on the draws of `generator` (policy ratio and the coupled mismatch ℓ): the
+        block-wise ELBO's mask law, or EBPO's when the policy likelihood is ebpo."""
+        from dllm_ais.models.sdar.ebpo import draw_ebpo_masks
         from dllm_ais.models.sdar.likelihood import block_elbo_token_logp, draw_block_masks
 
-        law = ELBO_DRAWS.get(self.policy_logprob)
+        draw = {"ebpo": draw_ebpo_masks}.get(self.policy_logprob, draw_block_masks)
         return block_elbo_token_logp(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                                      rollout.completion_mask, block_length=self.sdar.block_length,
                                      gen_length=self.sdar.gen_length,
                                      num_draws=num_draws or self.likelihood.elbo_draws,
                                      generator=generator, mask_token_id=self.mask_token_id, rows=rows,
-                                     draw=draw_block_masks if law is None else Hook(law).resolve())
+                                     draw=draw)
 
     def _path(self, model, rollout: Rollout, rows=None, shrink: int = 1) -> torch.Tensor:
         from dllm_ais.likelihood.trajectory import rollout_rows
