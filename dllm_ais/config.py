@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from dllm_ais.families import FAMILIES, foreign_sampler_setting, get_family
+from dllm_ais.families import FAMILIES, foreign_policy_logprob, foreign_sampler_setting, get_family
 from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
 
 REMASKING = ("low_confidence", "random")
@@ -18,7 +18,8 @@ POSITION_RULES = tuple(dict.fromkeys(r for f in FAMILIES.values() for r in f.pos
 SDAR_STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "sequential")
 """Block diffusion's commit rules (SDAR `block_diffusion_generate`; models/sdar/selection.py is their law)."""
 MISMATCH_ESTIMATORS = ("elbo", "trajectory")
-POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg", "mdpo", "dtreerpo")
+POLICY_LOGPROBS = ("one_step", "trajectory", "elbo", "coupled", "spg", "mdpo", "dtreerpo", "ebpo")
+"""--policy-logprob names; a family may own some (Family.own_policy_logprobs: SDAR's ebpo), refused for the others."""
 ELBO_SCHEMES = ("stratified", "antithetic", "quadrature")
 RATIO_LEVELS = ("sequence", "token")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -157,7 +158,8 @@ class PolicyLikelihoodConfig:
     to the backend. Which one is used is TrainConfig.policy_logprob."""
 
     elbo_draws: int = 2
-    """K mask draws per sequence of `elbo` and `spg` (forward rows per sequence; memory does not grow with K)."""
+    """K mask draws per sequence of `elbo`, `spg` and SDAR's `ebpo` (forward rows per sequence; memory does not grow
+    with K for LLaDA's and Dream's; SDAR's keep every draw's graph)."""
     elbo_scheme: str = "stratified"
     """`elbo`'s draws: stratified (VRPO/BGPO: K counts over 1..L from one offset, weight L/x), antithetic (ESPO: a
     mask and its complement, weights (L+1)/count, counts stratified over the group; even K) or quadrature (GDPO:
@@ -273,7 +275,9 @@ class TrainConfig:
     `trajectory_steps` subsamples it, `trajectory_selection` adds the choice of positions), `elbo` (sequence ELBO,
     ESPO/GDPO/VRPO), `coupled` (DiffuCoder's three-pass per-token estimator), `spg` (SPG's ELBO/EUBO bounds, its
     own loss: no ratio, no clip, β = 0), `mdpo` (MDPO: the rollout's canvases x_t, λ_t- and confidence-weighted) or
-    `dtreerpo` (d-TreeRPO: each segment's tokens at the segment's first canvas). Settings: `likelihood`."""
+    `dtreerpo` (d-TreeRPO: each segment's tokens at the segment's first canvas); SDAR only: `ebpo` (EBPO's
+    composite ELBO, every block masked in every draw, its sequence ratio exp(ELBO − ELBO_old)). Settings:
+    `likelihood`."""
     likelihood: PolicyLikelihoodConfig = field(default_factory=PolicyLikelihoodConfig)
     """Settings of the mask-draw policy likelihoods (a dict in config.json)."""
     trajectory_selection: bool = False
@@ -404,7 +408,7 @@ class Preset:
         family = get_family(self.model.family)
         model = f"{family.title} {self.model.path or '(tiny built-in)'}"
         likelihood = self.train.policy_logprob if family.diffusion else "exact (autoregressive)"
-        if self.train.policy_logprob in ("elbo", "spg") and family.diffusion:
+        if self.train.policy_logprob in ("elbo", "spg", "ebpo") and family.diffusion:
             likelihood += f" K={self.train.likelihood.elbo_draws}"
         mismatch = f", mismatch ℓ {self.train.mismatch_estimator}" if family.diffusion else ""
         return (f"{self.name}: {model}; {self.objective}, policy likelihood {likelihood}{mismatch}; "
@@ -415,7 +419,8 @@ class Preset:
             raise ValueError("--train-forward aligned fake-quantises the training forward like the FP8 rollout copy; "
                              "it needs --rollout-precision fp8 (or use --train-forward bf16).")
         family = get_family(self.model.family)
-        if why := foreign_sampler_setting(family, self.sampler):
+        if why := foreign_sampler_setting(family, self.sampler) or foreign_policy_logprob(family,
+                                                                                           self.train.policy_logprob):
             raise ValueError(why)
         # what the family's sampler cannot run comes first: advice about estimators is moot for such a sampler
         if family.refusal is not None and (why := family.refusal(self.sampler, self.train.policy_logprob,
@@ -446,11 +451,18 @@ class Preset:
 
     def _check_policy_logprob(self) -> None:
         """The trajectory policy likelihood needs a density (T > 0); Horvitz–Thompson weights act per token; `elbo`
-        sets the ratio level; `spg` trains without a KL term."""
+        sets the ratio level, `ebpo` EBPO's summed sequence ratio; `spg` trains without a KL term."""
         name = self.train.policy_logprob
         if name == "elbo":
             level = self.train.likelihood.elbo_ratio_level
             object.__setattr__(self, "grpo", replace(self.grpo, importance_sampling_level=level))
+        if name == "ebpo":
+            if self.grpo.loss_type in ("tbpo", "cispo"):
+                raise ValueError(f"--policy-logprob ebpo trains on EBPO's sequence ratio exp(ELBO − ELBO_old); "
+                                 f"--loss-type {self.grpo.loss_type} has a ratio of its own (tbpo: GSPO's mean, "
+                                 "cispo: per token): use --loss-type grpo (EBPO's per-sequence mean), dapo, bnpo or "
+                                 "dr_grpo.")
+            object.__setattr__(self, "grpo", replace(self.grpo, importance_sampling_level="sequence_sum"))
         if name == "spg" and self.grpo.beta != 0:
             raise ValueError(f"--policy-logprob spg with β = {self.grpo.beta} (GRPOConfig.beta): SPG trains without a "
                              "KL term; set it to 0 (--beta 0; `dllm-ais train --policy-logprob spg` does so itself "

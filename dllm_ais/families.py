@@ -122,6 +122,11 @@ class Family:
     sampler_fields: tuple[str, ...] = ()
     """SamplerConfig fields only this family reads (e.g. SDAR's sdar_strategy): Preset refuses them, set, for any
     other family."""
+    own_policy_logprobs: tuple[str, ...] = ()
+    """`--policy-logprob` names only this family has (SDAR's ebpo): Preset refuses them for any other family."""
+    plan_policy_rows: Hook | None = None
+    """plan_policy_rows(TrainConfig, SamplerConfig) -> forward rows per sequence of one evaluation of one of
+    `own_policy_logprobs` (what `dllm-ais plan` counts); None when the family owns none."""
 
 
 FAMILY_MODULES = (
@@ -154,6 +159,15 @@ def foreign_sampler_setting(family: Family, sampler) -> str | None:
             if name not in family.sampler_fields and getattr(sampler, name, None) is not None:
                 return (f"SamplerConfig.{name} is {owner.title}'s sampler setting; a {family.title} model has none: "
                         "drop it.")
+    return None
+
+
+def foreign_policy_logprob(family: Family, name: str) -> str | None:
+    """One line when `--policy-logprob name` belongs to another family (`own_policy_logprobs`), or None."""
+    for owner in FAMILIES.values():
+        if owner is not family and name in owner.own_policy_logprobs:
+            return (f"--policy-logprob {name} is built for {owner.title} models only; a {family.title} model does not "
+                    "have it: pick another --policy-logprob.")
     return None
 
 

@@ -85,6 +85,9 @@ def test_train_sets_the_default_thread_count(monkeypatch, tmp_path):
     (["--data", "rows.csv"], ["--data rows.csv", ".jsonl"]),
     (["--preset", "tiny-qwen", "--cache", "dual"], ["--cache", "LLaDA"]),
     (["--preset", "tiny-qwen", "--mismatch-estimator", "trajectory"], ["--mismatch-estimator", "LLaDA"]),
+    (["--policy-logprob", "ebpo"], ["--policy-logprob ebpo", "SDAR models only", "LLaDA"]),
+    (["--preset", "tiny-dream", "--policy-logprob", "ebpo"], ["--policy-logprob ebpo", "SDAR models only", "Dream"]),
+    (["--preset", "tiny-sdar", "--policy-logprob", "ebpo", "--loss-type", "tbpo"], ["ebpo", "--loss-type tbpo"]),
 ])
 def test_conflicting_or_bad_flags_fail_in_one_line_before_torch(tmp_path, flags, names):
     out = tmp_path / "run"

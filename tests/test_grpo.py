@@ -28,7 +28,9 @@ def reference(logp, old, adv, mask, cfg, weights=None, ref=None):
     for i in range(B):
         toks = [t for t in range(L) if mask[i][t]]
         counts.append(len(toks))
-        seq_ratio = math.exp(sum(logp[i][t] - old[i][t] for t in toks) / max(len(toks), 1))
+        seq_sum = sum(logp[i][t] - old[i][t] for t in toks)
+        summed = cfg.importance_sampling_level == "sequence_sum"  # EBPO's ratio: the sum, not normalised
+        seq_ratio = math.exp(seq_sum if summed else seq_sum / max(len(toks), 1))
         total = policy = 0.0
         for t in toks:
             ratio = math.exp(logp[i][t] - old[i][t]) if cfg.importance_sampling_level == "token" else seq_ratio
@@ -47,7 +49,7 @@ def reference(logp, old, adv, mask, cfg, weights=None, ref=None):
                 low, high = ratio < 1 - lo and adv[i] < 0, ratio > 1 + hi and adv[i] > 0
                 n_clip_low, n_clip_high, n_clip_any = n_clip_low + low, n_clip_high + high, n_clip_any + (low or high)
                 n_units += 1
-        if cfg.importance_sampling_level == "sequence" and toks:
+        if cfg.importance_sampling_level != "token" and toks:
             low, high = seq_ratio < 1 - lo and adv[i] < 0, seq_ratio > 1 + hi and adv[i] > 0
             n_clip_low, n_clip_high, n_clip_any = n_clip_low + low, n_clip_high + high, n_clip_any + (low or high)
             n_units += 1
@@ -92,7 +94,7 @@ def _check_against_reference(out, expected):
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-@pytest.mark.parametrize("is_level", ("token", "sequence"))
+@pytest.mark.parametrize("is_level", ("token", "sequence", "sequence_sum"))
 @pytest.mark.parametrize("weights_kind", ("none", "seq", "tok"))
 @pytest.mark.parametrize("beta", (0.0, 0.1))
 def test_matches_loop_reference(loss_type, is_level, weights_kind, beta):

@@ -21,7 +21,8 @@ BASE = {"dllm_ais", "dllm_ais.types", "dllm_ais.config", "dllm_ais.metrics", "dl
         "dllm_ais.presets"}  # the shared types, configs and utilities every layer may use
 FAMILY_ROLES = {"family": "base", "model": "models", "checkpoint": "models", "tiny": "models", "rollout": "models",
                 "fused_fp8": "fp8", "selection": "likelihood", "trajectory": "likelihood", "likelihood": "likelihood",
-                "sampler": "samplers", "backend": "train", "shape": "plan"}
+                "sampler": "samplers", "backend": "train", "shape": "plan",
+                "ebpo": "likelihood"}  # a family's own policy likelihood, named after its method (SDAR's EBPO)
 """A family folder models/<family>/ (dllm_ais/families.py): each module's layer is the one its file name says."""
 
 

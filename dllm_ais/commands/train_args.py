@@ -81,7 +81,8 @@ def add_fast_rollout_args(p: argparse.ArgumentParser) -> None:
                    "elbo (sequence ELBO: VRPO / ESPO / GDPO), coupled (DiffuCoder), spg (SPG's ELBO/EUBO bounds "
                    "with its own loss: no ratio, no clip, beta 0), mdpo (MDPO: the rollout's canvases x_t, every "
                    "masked token, lambda_t- and confidence-weighted) or dtreerpo (d-TreeRPO: each segment's tokens "
-                   "at the segment's first canvas)")
+                   "at the segment's first canvas); SDAR only: ebpo (EBPO's composite ELBO, every block masked in "
+                   "every draw, sequence ratio exp(ELBO - ELBO_old); sets --loss-type grpo unless given)")
     p.add_argument("--trajectory-selection", default=None, choices=["on", "off"], help="add the selection term")
     p.add_argument("--trajectory-merge", type=int, default=None, metavar="N",
                    help="trajectory policy likelihood: score N consecutive recorded steps in one forward from the "
@@ -94,7 +95,7 @@ def add_likelihood_args(p: argparse.ArgumentParser) -> None:
     from dllm_ais.config import ELBO_SCHEMES, RATIO_LEVELS
 
     p.add_argument("--elbo-draws", type=int, default=None, metavar="K",
-                   help="elbo / spg: mask draws per sequence (forward rows per sequence; memory flat in K)")
+                   help="elbo / spg / ebpo: mask draws per sequence (forward rows per sequence)")
     p.add_argument("--elbo-scheme", default=None, choices=ELBO_SCHEMES,
                    help="elbo: stratified (VRPO/BGPO), antithetic (ESPO: a mask and its complement; even K) or "
                    "quadrature (GDPO: t = 0.211 / 0.789; even K)")

@@ -8,6 +8,7 @@ import argparse
 from dllm_ais.commands.field_flags import FIELD_FLAGS
 from dllm_ais.commands.help import DEFAULT_PRESET
 from dllm_ais.config import override
+from dllm_ais.families import foreign_policy_logprob, get_family
 from dllm_ais.presets import get_preset
 
 
@@ -88,7 +89,16 @@ def _correction_overrides(args: argparse.Namespace, preset) -> dict:
         beta = 0.0  # SPG's loss has no KL term: the preset's β goes, and the run says so
         print(f"--policy-logprob spg: β set to 0 (the preset's {preset.grpo.beta}; SPG trains without a KL term)",
               file=sys.stderr)
-    grpo = override(preset.grpo, loss_type=args.loss_type, dual_clip=args.dual_clip, error_ngram=args.error_ngram,
+    loss_type = args.loss_type
+    ebpo = (args.policy_logprob or preset.train.policy_logprob) == "ebpo"
+    if ebpo and loss_type is None and preset.grpo.loss_type != "grpo" and not foreign_policy_logprob(
+            get_family(preset.model.family), "ebpo"):  # (another family's refusal comes alone, from Preset)
+        import sys
+
+        loss_type = "grpo"  # EBPO's loss is the mean over sequences of the clipped sequence-ratio surrogate
+        print(f"--policy-logprob ebpo: --loss-type grpo (the preset's {preset.grpo.loss_type}; EBPO averages its "
+              "clipped sequence surrogate over sequences)", file=sys.stderr)
+    grpo = override(preset.grpo, loss_type=loss_type, dual_clip=args.dual_clip, error_ngram=args.error_ngram,
                     error_mask_threshold=args.mask_error_completions, clip_ratio_c=args.clip_ratio_c,
                     epsilon_high=args.epsilon_high, off_policy_mask_threshold=args.off_policy_mask, beta=beta)
     return {"correction": correction, "grpo": grpo}

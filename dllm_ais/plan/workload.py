@@ -334,6 +334,8 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
         draws = -(-replayed // merge) * cost
     elif policy == "one_step":
         draws = 1
+    elif policy in family.own_policy_logprobs:  # a family's own likelihood (SDAR's ebpo): the family counts it
+        draws = family.plan_policy_rows(tc, sc)
     else:  # a mask-draw likelihood: its registry object knows its rows (mdpo, dtreerpo: capped by the steps)
         from dllm_ais.likelihood.policy import policy_likelihood
 

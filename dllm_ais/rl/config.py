@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 LOSS_TYPES = ("grpo", "dr_grpo", "bnpo", "dapo", "tbpo", "cispo")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_sum")
 SCALE_REWARDS = ("group", "batch", "none")
 CORRECTIONS = ("none", "is", "tis", "mis", "band", "ais")
 CORRECTION_LEVELS = ("sequence", "token", "geometric")
@@ -131,7 +131,9 @@ class GRPOConfig:
     reading); `cispo` (TRL / MiniMax-M1: −min(r, ε_high)·Â·log π_θ with the clipped ratio detached, token mean;
     needs epsilon_high, the absolute cap ε_max, e.g. 5)."""
     importance_sampling_level: str = "token"
-    """Ratio π_θ/π_old per `token` (GRPO) or per `sequence` (GSPO: geometric mean of the token ratios)."""
+    """Ratio π_θ/π_old per `token` (GRPO), per `sequence` (GSPO: geometric mean of the token ratios) or
+    `sequence_sum` (EBPO: exp(Σ_t (logp_train − logp_old)), the ratio of the sequence likelihoods, not normalised by
+    length; set by --policy-logprob ebpo)."""
     max_completion_length: int = 256
     """Maximum completion length L; the constant normaliser of loss_type=dr_grpo."""
     num_iterations: int = 1

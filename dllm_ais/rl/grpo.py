@@ -4,6 +4,7 @@ Per token t of sequence i (TRL's GRPOTrainer, written out):
 
     r_it   = exp(logp_train − logp_old)                       importance_sampling_level = token
            = exp(mean_t (logp_train − logp_old))  [B, 1]      importance_sampling_level = sequence (GSPO)
+           = exp(Σ_t (logp_train − logp_old))     [B, 1]      importance_sampling_level = sequence_sum (EBPO)
     surr   = −min(r Â_i, clip(r, 1 − ε, 1 + ε_high) Â_i)
     kl     = exp(logp_ref − logp_train) − (logp_ref − logp_train) − 1              (k3)
     ℓ_it   = ω · surr + β · kl                                ω: [B] or [B, L], detached (dllm_ais/rl/correction.py)
@@ -98,9 +99,16 @@ def sequence_log_ratio(log_ratio: torch.Tensor, valid: torch.Tensor) -> torch.Te
     return torch.where(valid, log_ratio, 0).sum(-1, keepdim=True) / lengths
 
 
+def sequence_sum_log_ratio(log_ratio: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """EBPO: summed log ratio over counted tokens (log of the ratio of the sequence likelihoods whose per-token terms
+    these are; DARE's compute_policy_loss_ebpo): [B, L] -> [B, 1]."""
+    return torch.where(valid, log_ratio, 0).sum(-1, keepdim=True)
+
+
 LOG_RATIO_LEVELS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "token": token_log_ratio,
     "sequence": sequence_log_ratio,
+    "sequence_sum": sequence_sum_log_ratio,
 }
 
 

@@ -36,7 +36,8 @@ NEEDS: tuple[tuple[str, Callable[[Preset], bool], str], ...] = (
     *((flag, lambda p: "trajectory" in (p.train.mismatch_estimator, p.train.policy_logprob),
        "--mismatch-estimator trajectory or --policy-logprob trajectory") for flag in ("--trajectory-steps",
                                                                                     "--trajectory-selection")),
-    ("--elbo-draws", lambda p: p.train.policy_logprob in ("elbo", "spg"), "--policy-logprob elbo or spg"),
+    ("--elbo-draws", lambda p: p.train.policy_logprob in ("elbo", "spg", "ebpo"), "--policy-logprob elbo, spg or "
+     "ebpo"),
     *((flag, lambda p: p.train.policy_logprob == "elbo", "--policy-logprob elbo")
       for flag in ("--elbo-scheme", "--elbo-ratio-level")),
     *((flag, lambda p: p.train.policy_logprob == "spg", "--policy-logprob spg")

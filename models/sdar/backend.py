@@ -5,12 +5,17 @@ likelihoods (models/sdar/likelihood.py, models/sdar/trajectory.py).
   per-Linear copy; refilled in place after every optimizer step by fp8/sync.py as LLaDA's is).
 - policy likelihood (`--policy-logprob`): `elbo` — the block-wise ELBO, one two-stream [x_t | x_0] forward per mask
   draw (K = --elbo-draws; masks random within each response block, the clean blocks before it as context), per-token
-  terms whose sum is the sequence ELBO; `trajectory` — the exact path law of the rollout (models/sdar/trajectory.py:
+  terms whose sum is the sequence ELBO; `ebpo` — EBPO's composite ELBO (models/sdar/ebpo.py, DARE's
+  `_forward_process_ebpo`: the same per-cell law, every counted block masked in every draw, the K · N_b (draw, block)
+  cells of a sequence stratified from one offset; K = --elbo-draws), trained on the sequence ratio
+  exp(ELBO_θ − ELBO_old) (Preset sets importance_sampling_level sequence_sum); `trajectory` — the exact path law of
+  the rollout (models/sdar/trajectory.py:
   every step's filtered-proposal term, plus its selection term with --trajectory-selection), per token; with
   --trajectory-merge k, TraceRL's shrink k (k consecutive steps of a block scored at the state before the first).
 - mismatch ratio ℓ = log π_old − log μ (`--mismatch-estimator`): `elbo` — the coupled block-wise ELBO difference of
   the master and the rollout copy on the same K = TrainConfig.mismatch_num_draws draws (sequence: summed; token /
-  geometric: per token); `trajectory` — the exact path law of the path that ran, replayed under both (per token;
+  geometric: per token), drawn by EBPO's law when the policy likelihood is `ebpo` (so ℓ is a difference of the
+  estimator the ratio uses); `trajectory` — the exact path law of the path that ran, replayed under both (per token;
   summed for sequence).
 - SFT warm-up: SDAR's own objective (likelihood.py `sft_loss`) through the two-stream forward.
 
@@ -37,7 +42,7 @@ DEFAULT_STRATEGY = "low_confidence_dynamic"
 """SamplerConfig.sdar_strategy None: generate.py's default strategy, TraDo's rollout one (configs/rl_trado.yaml)."""
 DEFAULT_THRESHOLD = 0.9
 """SamplerConfig.sdar_threshold None: TraDo's dynamic_threshold (configs/rl_trado.yaml; generate.py's CLI: 0.85)."""
-POLICY_LOGPROBS = ("elbo", "trajectory")
+POLICY_LOGPROBS = ("elbo", "ebpo", "trajectory")
 """The policy likelihoods SDAR trains with (module docstring)."""
 
 
@@ -45,7 +50,8 @@ def training_refusal(train) -> str | None:
     """What SDAR cannot train with TrainConfig `train` yet, in one line, or None."""
     if train.policy_logprob not in POLICY_LOGPROBS:
         return (f"SDAR: --policy-logprob {train.policy_logprob} is not built for block diffusion; use elbo (the "
-                "block-wise ELBO, one two-stream forward per draw) or trajectory (the exact path law).")
+                "block-wise ELBO, one two-stream forward per draw), ebpo (EBPO's composite ELBO) or trajectory (the "
+                "exact path law).")
     scheme = train.likelihood.elbo_scheme
     for bad, why in ((train.trajectory_steps is not None, "--trajectory-steps: SDAR's path law replays every step "
                       "(one two-stream forward per local step); drop it"),
@@ -73,7 +79,8 @@ def sdar_sampler_config(sampler: SamplerConfig, train=None):
 
 @dataclass(frozen=True)
 class SDARBackend(DiffusionBackend):
-    """DiffusionBackend for SDAR: models/sdar/sampler.py rollouts, the block-wise ELBO or the exact path law."""
+    """DiffusionBackend for SDAR: models/sdar/sampler.py rollouts, the block-wise ELBO, EBPO's composite ELBO or the
+    exact path law."""
 
     sdar: object = None
     """The SDARSamplerConfig rollouts use (`sdar_sampler_config`)."""
@@ -105,13 +112,18 @@ class SDARBackend(DiffusionBackend):
         return self.policy_logprob == "trajectory"
 
     def _elbo(self, model, rollout: Rollout, generator: torch.Generator, rows=None, num_draws=None) -> torch.Tensor:
-        from dllm_ais.models.sdar.likelihood import block_elbo_token_logp
+        """Per-token ELBO terms [B, L] on the draws of `generator` (policy ratio and the coupled mismatch ℓ): the
+        block-wise ELBO's mask law, or EBPO's when the policy likelihood is ebpo."""
+        from dllm_ais.models.sdar.ebpo import draw_ebpo_masks
+        from dllm_ais.models.sdar.likelihood import block_elbo_token_logp, draw_block_masks
 
+        draw = {"ebpo": draw_ebpo_masks}.get(self.policy_logprob, draw_block_masks)
         return block_elbo_token_logp(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                                      rollout.completion_mask, block_length=self.sdar.block_length,
                                      gen_length=self.sdar.gen_length,
                                      num_draws=num_draws or self.likelihood.elbo_draws,
-                                     generator=generator, mask_token_id=self.mask_token_id, rows=rows)
+                                     generator=generator, mask_token_id=self.mask_token_id, rows=rows,
+                                     draw=draw)
 
     def _path(self, model, rollout: Rollout, rows=None, shrink: int = 1) -> torch.Tensor:
         from dllm_ais.likelihood.trajectory import rollout_rows
@@ -123,7 +135,8 @@ class SDARBackend(DiffusionBackend):
                           shrink=shrink)[0]
 
     def token_logp(self, model, rollout: Rollout, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, L] per-token log π terms: the block-wise ELBO's on the seed's draws, or the path law's."""
+        """[B, L] per-token log π terms: the block-wise ELBO's or EBPO's composite ELBO's on the seed's draws, or the
+        path law's."""
         if self.policy_logprob == "trajectory":  # --trajectory-merge k: TraceRL's shrink k
             return self._path(model, rollout, rows, shrink=self.trajectory_merge).float()
         return self._elbo(model, rollout, self._draws(rollout, seed), rows)

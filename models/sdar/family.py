@@ -57,4 +57,6 @@ FAMILY = Family(
     replay_step_canvases=2,
     plan_rollout_passes=Hook(f"{_M}.sdar.shape:plan_rollout_passes"),
     native_kv_cache=True,
+    own_policy_logprobs=("ebpo",),
+    plan_policy_rows=Hook(f"{_M}.sdar.shape:plan_policy_rows"),
 )

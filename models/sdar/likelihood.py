@@ -108,13 +108,14 @@ def block_elbo_terms(model, clean: torch.Tensor, keep: torch.Tensor, mask: torch
 
 def block_elbo_token_logp(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, block_length: int,
                           gen_length: int, num_draws: int, generator: torch.Generator, mask_token_id: int,
-                          rows: torch.Tensor | None = None) -> torch.Tensor:
+                          rows: torch.Tensor | None = None, draw=draw_block_masks) -> torch.Tensor:
     """[B, L] (or [len(rows), L]) per-token terms of the block-wise ELBO (module docstring) on the completion
     layout; the draws are made for the whole batch from `generator`, then `rows` taken, so a micro-batch sees the
-    masks the full batch does."""
+    masks the full batch does. `draw(counted, block_length, K, generator) -> (mask, weight) [B, K, T]` is the mask
+    law: `draw_block_masks` here, EBPO's `draw_ebpo_masks` (models/sdar/ebpo.py)."""
     canvas, clean, counted = completion_canvas(prompt_ids, prompt_mask, completion_ids, completion_mask, block_length,
                                                gen_length, mask_token_id)
-    mask, weight = draw_block_masks(counted, block_length, num_draws, generator)
+    mask, weight = draw(counted, block_length, num_draws, generator)
     if rows is not None:
         canvas = BlockCanvas(ids=canvas.ids[rows], keep=canvas.keep[rows], prompt_end=canvas.prompt_end[rows],
                              row_end=canvas.row_end[rows], first_block=canvas.first_block,

@@ -95,3 +95,9 @@ def plan_rollout_passes(w) -> list:
     out = [Pass("rollout", "prompt prefill (whole blocks)", "rollout", 1, B, prefill, prefill, 0)] if prefill else []
     return [*out, Pass("rollout", "block step (cached)", "rollout", first + (blocks - 1) * S, B, Lb, keys, Lb),
             Pass("rollout", "finished block's KV stored", "rollout", blocks, B, Lb, keys, Lb)]
+
+
+def plan_policy_rows(train, sampler) -> int:
+    """Forward rows per sequence of one evaluation of SDAR's own policy likelihood (`ebpo`, models/sdar/ebpo.py):
+    one two-stream forward per draw, K = --elbo-draws, as the block-wise ELBO."""
+    return train.likelihood.elbo_draws
