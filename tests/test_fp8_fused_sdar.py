@@ -233,3 +233,16 @@ def test_build_refuses_other_models():
     with pytest.raises(ValueError, match="not both"):
         FusedSDAR(_master().config, "torch", "cpu", torch.float32,
                   make_linear=lambda k, n, d, name: FP4Linear(k, n, device=d))
+
+
+def test_bench_script_quick_times_the_three_copies(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_sdar_fused.py"
+    spec = importlib.util.spec_from_file_location("bench_sdar_fused", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ms = bench.main(["--quick"])
+    assert set(ms) == {"sdar fused", "sdar per-Linear", "llada fused"} and all(t > 0 for t in ms.values())
+    assert "per-Linear / fused (SDAR)" in capsys.readouterr().out
