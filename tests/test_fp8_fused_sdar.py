@@ -24,7 +24,7 @@ from dllm_ais.fp8.walker import canonical_name, linear_layers
 from dllm_ais.models.gqa import rope_tables, rotate
 from dllm_ais.models.kv_cache import KVCache
 from dllm_ais.models.sdar.fused_fp8 import FUSED_PARTS, FusedSDAR, build_fused_sdar, sync_per_tensor
-from dllm_ais.models.sdar.model import SDARRMSNorm, lora_target_regex
+from dllm_ais.models.sdar.model import SDARRMSNorm, lora_target_regex, two_stream_logits
 from dllm_ais.models.sdar.tiny import tiny_sdar_model
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -67,6 +67,12 @@ def test_fused_fp8_and_bf16_copies_equal_their_torch_twins(dtype):
     assert torch.equal(got, _logits(unfused, ids, keep))
     assert (got.float() - ref.float()).abs().max() > 1e-2  # the FP8 path is in effect
     assert torch.equal(_logits(build_fused_sdar(master, None), ids, keep), ref)  # BF16 fused copy = the master
+    # the two-stream training forward (explicit 4-D mask, position ids: the ELBO and the mismatch ratio score with it)
+    noisy = torch.where(torch.rand(ids.shape, generator=torch.Generator().manual_seed(4)) < 0.5, master.mask_token_id,
+                        ids)
+    with torch.no_grad():
+        two = [two_stream_logits(m, noisy, ids, keep, block_length=4, noisy_from=4) for m in (fused, unfused)]
+    assert torch.equal(*two)
 
 
 def test_qk_norm_rope_twin_equals_sdar_q_norm_then_rotate():
