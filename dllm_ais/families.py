@@ -68,6 +68,10 @@ class Family:
     fp8_copy: Hook | None = None
     """fp8_copy(model, backend, expected_m) -> the family's fused FP8 rollout copy, or None when `model` is not the
     family's (then fp8/quantize.py's per-Linear copy is used)."""
+    fp4_copy: Hook | None = None
+    """fp4_copy(model, make_linear) -> the family's fused emulated-FP4 rollout copy built with fp4/linear.py's
+    `make_linear(in_features, out_features, device, name)`, or None when `model` is not the family's (then
+    fp4/linear.py's per-Linear copy is used)."""
     bf16_sampling_copy: Hook | None = None
     """bf16_sampling_copy(model) -> the fused BF16 inference copy `dllm-ais sample` rolls out (same numbers, fewer
     kernels); None: the master samples."""

@@ -73,11 +73,12 @@ def record_steps(records: list[dict], events: list[str], replay: list[dict] | No
 
     import dllm_ais.train.step_mismatch as step_mismatch
     from dllm_ais.models.dream.backend import DreamBackend
+    from dllm_ais.models.sdar.backend import SDARBackend
     from dllm_ais.train.backend import DiffusionBackend
     from dllm_ais.train.trainer import Trainer
     from dllm_ais.types import Rollout
 
-    mismatch, correct_global = DiffusionBackend.mismatch_log_w, step_mismatch.correct_global
+    correct_global = step_mismatch.correct_global
 
     def sample_recording(sample):
         def wrapped(self, *args, **kwargs):
@@ -90,19 +91,22 @@ def record_steps(records: list[dict], events: list[str], replay: list[dict] | No
             return rollout
         return wrapped
 
-    def mismatch_recording(self, *args, **kwargs):
-        log_w = replay[len(records) - 1]["log_w"] if replay is not None else mismatch(self, *args, **kwargs)
-        records[-1]["log_w"] = log_w.clone()
-        return log_w
+    def mismatch_recording(mismatch):
+        def wrapped(self, *args, **kwargs):
+            log_w = replay[len(records) - 1]["log_w"] if replay is not None else mismatch(self, *args, **kwargs)
+            records[-1]["log_w"] = log_w.clone()
+            return log_w
+        return wrapped
 
     def correct_recording(*args, **kwargs):
         out = correct_global(*args, **kwargs)
         records[-1].update(lam=out.lam.clone(), omega=out.omega.clone())
         return out
 
-    for cls in (DiffusionBackend, DreamBackend):  # each class's own sampler (Dream's overrides LLaDA's)
+    for cls in (DiffusionBackend, DreamBackend, SDARBackend):  # each class's own sampler (Dream's, SDAR's override)
         cls.sample = sample_recording(cls.sample)
-    DiffusionBackend.mismatch_log_w = mismatch_recording
+    for cls in (DiffusionBackend, SDARBackend):  # each class's own mismatch ratio (SDAR's overrides)
+        cls.mismatch_log_w = mismatch_recording(cls.mismatch_log_w)
     step_mismatch.correct_global = correct_recording
 
     backward = accelerate.Accelerator.backward

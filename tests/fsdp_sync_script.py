@@ -1,8 +1,8 @@
-"""Helper for tests/test_fsdp_sync.py: FSDP2-shard a tiny LLaDA (or Dream) on 2 gloo CPU processes, sync its FP8
-rollout copy.
+"""Helper for tests/test_fsdp_sync.py: FSDP2-shard a tiny LLaDA (or Dream, or SDAR) on 2 gloo CPU processes, sync its
+FP8 rollout copy.
 
-Run as `python -m torch.distributed.run --nproc_per_node 2 tests/fsdp_sync_script.py OUT [--lora] [--dream]`. Every
-rank: builds the same seeded tiny model (optionally with LoRA adapters), makes the FP8 rollout copy from the full
+Run as `python -m torch.distributed.run --nproc_per_node 2 tests/fsdp_sync_script.py OUT [--lora] [--dream | --sdar]`.
+Every rank: builds the same seeded tiny model (optionally with LoRA adapters), makes the FP8 rollout copy from the full
 weights, perturbs every master parameter (a stand-in for an optimizer step), keeps a full copy of the perturbed master,
 then `fully_shard`s each block and the root (FSDP2: parameters become DTensor shards) and runs
 `sync_weights_sharded`.
@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--lora", action="store_true")
     ap.add_argument("--dream", action="store_true", help="the tiny Dream (its fused FP8 copy) instead of LLaDA")
+    ap.add_argument("--sdar", action="store_true", help="the tiny SDAR (its fused FP8 copy) instead of LLaDA")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -38,19 +39,24 @@ def main() -> None:
     from dllm_ais.models.dream.model import lora_target_regex as dream_targets
     from dllm_ais.models.llada.model import LLaDABlock
     from dllm_ais.models.llada.model import lora_target_regex as llada_targets
+    from dllm_ais.models.sdar.model import SDARDecoderLayer
+    from dllm_ais.models.sdar.model import lora_target_regex as sdar_targets
+    from dllm_ais.models.sdar.tiny import tiny_sdar_model
     from dllm_ais.models.tiny import tiny_dream_model, tiny_model
     from dllm_ais.train.fsdp_sync import sync_weights_sharded
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    master = tiny_dream_model(seed=0) if args.dream else tiny_model(seed=0)
-    block = DreamDecoderLayer if args.dream else LLaDABlock
+    family = "dream" if args.dream else "sdar" if args.sdar else "llada"
+    build, block, targets = {"llada": (tiny_model, LLaDABlock, llada_targets),
+                             "dream": (tiny_dream_model, DreamDecoderLayer, dream_targets),
+                             "sdar": (tiny_sdar_model, SDARDecoderLayer, sdar_targets)}[family]
+    master = build(seed=0)
     if args.lora:
         from peft import LoraConfig, get_peft_model
 
         torch.manual_seed(0)  # peft draws lora_A from the global RNG: the ranks must hold the same model to shard it
-        targets = dream_targets() if args.dream else llada_targets()
-        master = get_peft_model(master, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+        master = get_peft_model(master, LoraConfig(r=4, lora_alpha=8, target_modules=targets()))
     rollout = quantize_model(master)
     reference = copy.deepcopy(rollout)
     gen = torch.Generator().manual_seed(1)

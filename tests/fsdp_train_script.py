@@ -1,11 +1,11 @@
 """Helper for tests/test_fsdp_trainer.py: `dllm-ais train` under accelerate's FSDP2 on gloo CPU processes.
 
 Run as `accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 ... tests/fsdp_train_script.py [--replay DIR]
-[--prompts-per-step N] [--base tiny-dream] TRAIN_FLAGS...` (TRAIN_FLAGS are `dllm-ais train`'s, --out included). Every
-process runs `dllm_ais.cli.main(["train", "--preset", PRESET, ...])`; PRESET is tests/dist_train_script.py's
-`small_preset` (tiny-cpu, or --base tiny-dream, with FP8 rollouts, 2 prompts × 2 generations per process, dapo
-over 2 micro-batches, λ EMA, a hash reward so the advantages are not zero), registered under a name so the CLI can
-select it.
+[--prompts-per-step N] [--base tiny-dream | tiny-sdar] TRAIN_FLAGS...` (TRAIN_FLAGS are `dllm-ais train`'s, --out
+included). Every process runs `dllm_ais.cli.main(["train", "--preset", PRESET, ...])`; PRESET is
+tests/dist_train_script.py's `small_preset` (tiny-cpu, or --base tiny-dream / tiny-sdar, with FP8 rollouts, 2 prompts
+× 2 generations per process, dapo over 2 micro-batches, λ EMA, a hash reward so the advantages are not zero),
+registered under a name so the CLI can select it.
 
 accelerate makes CPU processes MULTI_CPU (plain DDP) even when launched with an FSDP plugin: its state only turns
 FSDP on for accelerator device types. `cpu_fsdp2()` switches that one decision, after accelerate has built the
@@ -54,6 +54,30 @@ def cpu_fsdp2() -> None:
     AcceleratorState.__init__ = init_fsdp_on_cpu
 
 
+def row_keyed_sdar_draws() -> None:
+    """SDAR's block-wise ELBO draws its masks for the whole local batch from one generator (models/sdar/likelihood.py
+    `draw_block_masks`), so a row's draws depend on the rows beside it, and rank 1's rows would be scored on other
+    masks than the one-process replay's. For the comparison each row is drawn by the same function from its own
+    generator, keyed by the step's seed and the row's GLOBAL index (rank · local rows + row; the replay's global batch
+    is the ranks' rows in rank order): the likelihood, the FP8 copy and the sharding stay the code under test."""
+    import torch.distributed as dist
+
+    import dllm_ais.models.sdar.likelihood as likelihood
+
+    draw = likelihood.draw_block_masks
+
+    def keyed(counted, block_length, num_draws, generator):
+        base = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        offset = rank * counted.shape[0]
+        parts = [draw(counted[b:b + 1], block_length, num_draws,
+                      torch.Generator(counted.device).manual_seed(base + 1_000_003 * (offset + b)))
+                 for b in range(counted.shape[0])]
+        return tuple(torch.cat(p) for p in zip(*parts, strict=True))
+
+    likelihood.draw_block_masks = keyed
+
+
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of the full tensors of `model`'s parameters, frozen ones included (DTensor shards gathered:
     collective)."""
@@ -67,7 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replay", type=Path, help="one process replaying the global batches of the run in this dir")
     ap.add_argument("--prompts-per-step", type=int, default=2)
-    ap.add_argument("--base", default="tiny-cpu", help="the preset shrunk (tiny-cpu, or tiny-dream)")
+    ap.add_argument("--base", default="tiny-cpu", help="the preset shrunk (tiny-cpu, tiny-dream or tiny-sdar)")
     args, train_flags = ap.parse_known_args()
     out = Path(train_flags[train_flags.index("--out") + 1])
 
@@ -79,6 +103,8 @@ def main() -> None:
     from dllm_ais.train.trainer import Trainer
 
     cpu_fsdp2()
+    if args.base == "tiny-sdar":
+        row_keyed_sdar_draws()
     replay, per_step = None, args.prompts_per_step
     if args.replay is not None:
         ranks = [torch.load(f, weights_only=True) for f in sorted(args.replay.glob("params-rank*.pt"))]

@@ -50,7 +50,7 @@ def test_gemm_uses_wgmma_for_tiles_of_64_rows_or_more(table):
 def test_producers_compile_without_spilling_with_16_byte_vectors(table):
     prods = [r for r in table if not r.kernel.startswith("fp8_gemm") and "weight_quant" not in r.kernel
              and not r.kernel.endswith(aot.FP64_SUFFIX)]  # fmt: skip
-    assert {r.kernel for r in prods} == {"rmsnorm_quant", "silu_mul_quant", "attn_out_quant", "rope",
+    assert {r.kernel for r in prods} == {"rmsnorm_quant", "silu_mul_quant", "attn_out_quant", "rope", "qk_norm_rope",
                                          "rmsnorm_rowquant", "silu_mul_rowquant", "attn_out_rowquant"}
     for r in prods:
         assert r.spill == 0, f"{r.kernel} spills {r.spill} B/thread"
@@ -63,7 +63,8 @@ def test_producers_with_float_scalars_compile_when_inductor_types_them_fp64(tabl
     user Triton kernels as fp64; a kernel that feeds them to fp32-only math (`tl.sqrt_rn`) then fails to compile."""
     fp64 = {r.kernel for r in table if r.kernel.endswith(aot.FP64_SUFFIX)}
     # every launch with a float argument has its fp64 row (the row-wise producers share one kernel, so all three do)
-    assert fp64 == {"rmsnorm_quant/fp64", "rmsnorm_rowquant/fp64", "silu_mul_rowquant/fp64", "attn_out_rowquant/fp64"}
+    assert fp64 == {"rmsnorm_quant/fp64", "rmsnorm_rowquant/fp64", "silu_mul_rowquant/fp64", "attn_out_rowquant/fp64",
+                    "qk_norm_rope/fp64"}
 
 
 def test_grouped_weight_quant_fits_128_registers_without_spilling(table):

@@ -18,13 +18,17 @@ CHECKPOINT_SCRIPT = Path(__file__).with_name("fsdp_checkpoint_script.py")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llada", "dream"])
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize(("lora", "family"), [
+    pytest.param(lora, family, id=f"{'lora' if lora else 'full'}-{family}")
+    for family in ("llada", "dream", "sdar") for lora in (False, True)
+    if (family, lora) != ("sdar", True)  # SDAR's LoRA merge is the walker's, tested with LLaDA's and Dream's
+])
 def test_sync_from_fsdp2_shards_equals_sync_from_the_full_master(tmp_path, lora, family):
-    """Each family's fused FP8 copy (FusedLLaDA, FusedDream: q/k/v with biases) from DTensor shards."""
+    """Each family's fused FP8 copy (FusedLLaDA, FusedDream: q/k/v with biases, FusedSDAR: q/k norms) from DTensor
+    shards."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(SCRIPT), str(out), *(["--lora"] if lora else []), *(["--dream"] if family == "dream" else [])]
+           str(SCRIPT), str(out), *(["--lora"] if lora else []), *([f"--{family}"] if family != "llada" else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-20000:]
@@ -35,7 +39,7 @@ def test_sync_from_fsdp2_shards_equals_sync_from_the_full_master(tmp_path, lora,
         differ = [k for k in r["full"] if not torch.equal(r["sharded"][k], r["full"][k])]
         assert not differ, f"rank {rank}: synced from shards differs from synced from the full master: {differ}"
         assert any(k.endswith("weight_q") for k in r["full"]), "the rollout copy has FP8 layers"
-        assert r["rollout_type"] == {"llada": "FusedLLaDA", "dream": "FusedDream"}[family]
+        assert r["rollout_type"] == {"llada": "FusedLLaDA", "dream": "FusedDream", "sdar": "FusedSDAR"}[family]
         # one tensor gathered at a time, each exactly once: never the whole model
         assert len(r["gathers"]) == r["n_params"] and max(r["gathers"]) == r["largest_param"] < r["total_params"]
 

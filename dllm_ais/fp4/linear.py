@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dllm_ais.families import family_of_model
 from dllm_ais.fp8.linear import QuantizedLinear
 from dllm_ais.fp8.sync import sync_weights
 from dllm_ais.fp8.walker import effective_weight, quantized_copy
@@ -89,6 +90,17 @@ class FP4Linear(QuantizedLinear):
         if bias is not None:
             self.bias.copy_(bias)
 
+    @torch.no_grad()
+    def load_rows_(self, offset: int, weight: torch.Tensor) -> None:
+        """Requantise weight [n, K] into rows offset:offset+n, in place: a family's fused copy stacks several master
+        linears in one FP4Linear (models/sdar/fused_fp8.py), each part quantised as its own matrix (NVFP4's tensor
+        scale is the part's), so the fused rows equal the per-Linear copy's."""
+        n = weight.shape[0]
+        if weight.shape[1] != self.in_features or not 0 <= offset <= self.out_features - n:
+            raise ValueError(f"rows {offset}:{offset + n} of width {weight.shape[1]} do not fit {self.extra_repr()}")
+        weight = weight.detach().to(self.weight_dq.device)
+        self.weight_dq[offset:offset + n].copy_(FORMATS[self.fmt].fake_weight(weight))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype."""
         if x.shape[-1] != self.in_features:
@@ -109,9 +121,16 @@ def quantize_model(model: nn.Module, fmt: str = "nvfp4", exclude: Callable[[str]
     """Return an emulated-FP4 rollout COPY of `model` (eval mode, requires_grad off); `model` is untouched.
 
     Layer selection as dllm_ais.fp8.quantize.quantize_model: every nn.Linear / LoRA-wrapped nn.Linear except the LM head
-    and `exclude`d canonical names becomes an FP4Linear in format `fmt` ("nvfp4" or "mxfp4").
+    and `exclude`d canonical names becomes an FP4Linear in format `fmt` ("nvfp4" or "mxfp4"). A model of a family
+    with a fused FP4 copy (dllm_ais/families.py `fp4_copy`: SDAR's, models/sdar/fused_fp8.py) gets that copy instead,
+    unless `exclude` is given.
     """
     check_format(fmt)
+    family = family_of_model(model)  # a family with a fused FP4 copy builds it (None: `model` is not its master)
+    if exclude is None and family is not None and family.fp4_copy is not None:
+        copy = family.fp4_copy(model, lambda k, n, device, name: FP4Linear(k, n, fmt=fmt, device=device))
+        if copy is not None:
+            return copy
     return quantized_copy(model, lambda name, module: FP4Linear.from_linear(module, fmt), exclude)
 
 

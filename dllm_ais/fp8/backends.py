@@ -511,3 +511,15 @@ def check_backend(backend: str, device: torch.device | str | None = None) -> Non
             f"FP8 backend {backend!r} cannot run on {device}: {reason}. Backends that run on "
             f"{device}: {', '.join(available_backends(device))}"
         )
+
+
+PRODUCERS = ("triton", "torch")
+"""Producer implementations of a family's fused rollout copy (models/<family>/fused_fp8.py): the Triton kernels
+(producer_kernels.py through ops.py; CUDA, or CPU under TRITON_INTERPRET=1) or their torch twins (producers.py)."""
+
+
+def default_producers(device: torch.device | str) -> str:
+    """"triton" on a CUDA GPU where the Triton FP8 kernels run (sm_89+: the fast path with every GEMM backend),
+    "torch" elsewhere (CPU: the twins; the Triton producers run there only under TRITON_INTERPRET=1, when asked)."""
+    device = torch.device(device)
+    return "triton" if device.type == "cuda" and _unavailable("triton", device) is None else "torch"

@@ -20,12 +20,13 @@ import torch
 
 from . import kernels
 from .eager import eager_or_op
-from .producer_kernels import attn_out_quant, empty_act_scales, rmsnorm_quant, rope, silu_mul_quant
+from .producer_kernels import attn_out_quant, empty_act_scales, qk_norm_rope, rmsnorm_quant, rope, silu_mul_quant
 from .quant import FP8_DTYPE, num_blocks
 from .row_producer_kernels import attn_out_rowquant, rmsnorm_rowquant, silu_mul_rowquant
 
 __all__ = [
-    "attn_out_quant", "attn_out_rowquant", "fp8_gemm", "quantize_act", "rmsnorm_quant", "rmsnorm_rowquant", "rope",
+    "attn_out_quant", "attn_out_rowquant", "fp8_gemm", "qk_norm_rope", "quantize_act", "rmsnorm_quant",
+    "rmsnorm_rowquant", "rope",
     "silu_mul_quant", "silu_mul_rowquant", "torchao_blockwise_gemm", "torchao_gemm",
 ]
 

@@ -7,6 +7,9 @@ reads (or, for RoPE, the rotated heads), so no bf16 intermediate is written and 
                                                        twin: producers.attn_out_quant
   rope(x, cos, sin)          [B,T,H,D] view -> rotated [B,H,T,D], half-width tables, no `cat`
                                                        twin: producers.apply_rope
+  qk_norm_rope(x, w, eps, cos, sin)
+                             [B,T,H,D] view -> per-head RMSNorm -> RoPE in the model dtype -> [B,H,T,D] (SDAR's
+                             q_norm / k_norm; tables in the model dtype)   twin: producers.qk_norm_rope
 
 Each is registered as a `torch.library.triton_op` launched through `wrap_triton`, so torch.compile traces into the
 kernel instead of breaking the graph (as torchao's prototype/blockwise_fp8_training/kernels.py does); called eagerly,
@@ -18,7 +21,9 @@ kernels._round_to_bf16 (and kernels._round_to_e4m3 for the e4m3 cast; DESIGN.md 
 Agreement with the twins (tests/test_fp8_producers.py, interpreter): attn_out_quant and rope are bit-identical (no
 reduction, no transcendental; on a GPU the compiler may contract a·b − c·d into an FMA, which can move the last fp32
 bit); rmsnorm_quant and silu_mul_quant sum / exponentiate in a different order or library than torch, so a value can
-land one bf16 ulp away and its code one e4m3 step away (|code bits difference| ≤ 1, scales within one bf16 ulp).
+land one bf16 ulp away and its code one e4m3 step away (|code bits difference| ≤ 1, scales within one bf16 ulp);
+qk_norm_rope sums the head's squares in another order than torch's mean, so a normalised value can land one
+model-dtype ulp away before the rotation (tests/test_fp8_fused_sdar.py states what it measured).
 
 Launch geometry (bandwidth-bound kernels; register / vector facts from the AOT check, dllm_ais/fp8/aot.py, sm_90):
   rmsnorm_quant   one row per program, one pass: the row is loaded once as a [next_pow2(G), 128] tile (d = 4096:
@@ -175,6 +180,40 @@ def _rope_kernel(
     tl.store(o_row + j[None, :] + HALF, o2.to(o_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _qk_norm_rope_kernel(
+    x_ptr, w_ptr, c_ptr, s_ptr, o_ptr,  # x [B, T, H, D] (any strides), w [D], cos/sin [B, T, D/2], o [B, H, T, D]
+    T, NH, HALF, stride_xb, stride_xt, stride_xh, stride_xd, eps, d_float,  # d_float: D as a float
+    BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr, OUT_BF16: tl.constexpr,
+):  # fmt: skip
+    """Program (b·NH + h, j): BLOCK_T positions of one head; each row's RMSNorm over its D = 2·HALF values, then the
+    rotation with every product and sum rounded to the model dtype (gqa.rotate's order; tables in that dtype)."""
+    bh = tl.program_id(0)
+    b = bh // NH
+    h = bh % NH
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
+    j = tl.arange(0, BLOCK_HALF)  # [BH]
+    mask = (t[:, None] < T) & (j[None, :] < HALF)
+    t64 = t.to(tl.int64)
+    x_row = x_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh + t64[:, None] * stride_xt
+    x1 = tl.load(x_row + j[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)  # [BT, BH]
+    x2 = tl.load(x_row + (j[None, :] + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)  # [BT]
+    r = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(ss, tl.cast(d_float, tl.float32)) + tl.cast(eps, tl.float32)))
+    w1 = tl.load(w_ptr + j, mask=j < HALF, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + j + HALF, mask=j < HALF, other=0.0).to(tl.float32)
+    y1 = _to_model_dtype((x1 * r[:, None]) * w1[None, :], OUT_BF16)  # SDARRMSNorm: fp32 math, one cast
+    y2 = _to_model_dtype((x2 * r[:, None]) * w2[None, :], OUT_BF16)
+    tab = (b.to(tl.int64) * T + t64[:, None]) * HALF + j[None, :]
+    c = tl.load(c_ptr + tab, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + tab, mask=mask, other=0.0).to(tl.float32)
+    o1 = _to_model_dtype(_to_model_dtype(y1 * c, OUT_BF16) - _to_model_dtype(y2 * s, OUT_BF16), OUT_BF16)
+    o2 = _to_model_dtype(_to_model_dtype(y2 * c, OUT_BF16) + _to_model_dtype(y1 * s, OUT_BF16), OUT_BF16)
+    o_row = o_ptr + (bh.to(tl.int64) * T + t64[:, None]) * (2 * HALF)
+    tl.store(o_row + j[None, :], o1.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_row + j[None, :] + HALF, o2.to(o_ptr.dtype.element_ty), mask=mask)
+
+
 def _rmsnorm_warps(G: int) -> int:
     """Warps for a one-row rmsnorm program of G groups: ~32 elements (4 × 16-byte bf16 vectors) per thread."""
     return max(1, min(16, triton.next_power_of_2(G) * BLOCK // (32 * 32)))
@@ -202,6 +241,11 @@ def aot_launches(M: int, d: int, h: int, n_heads: int, head_dim: int, seq: int) 
         ("rope", _rope_kernel,
          dict(x_ptr="*bf16", c_ptr="*fp32", s_ptr="*fp32", o_ptr="*bf16", T=seq, NH=n_heads, HALF=head_dim // 2,
               stride_xb=seq * 3 * d, stride_xt=3 * d, stride_xh=head_dim, stride_xd=1),
+         dict(BLOCK_T=_ROPE_T, BLOCK_HALF=triton.next_power_of_2(head_dim // 2), OUT_BF16=True), 4),
+        ("qk_norm_rope", _qk_norm_rope_kernel,
+         dict(x_ptr="*bf16", w_ptr="*bf16", c_ptr="*bf16", s_ptr="*bf16", o_ptr="*bf16", T=seq, NH=n_heads,
+              HALF=head_dim // 2, stride_xb=seq * 3 * d, stride_xt=3 * d, stride_xh=head_dim, stride_xd=1, eps=1e-6,
+              d_float=float(head_dim)),
          dict(BLOCK_T=_ROPE_T, BLOCK_HALF=triton.next_power_of_2(head_dim // 2), OUT_BF16=True), 4),
     ]  # fmt: skip
 
@@ -300,6 +344,25 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, launch=direct_l
     return out
 
 
+def _qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                  launch=direct_launch):
+    """x [B, T, H, D] (any strides; a view into the fused QKV output), weight [D], cos, sin [B, T, D/2] in x.dtype
+    -> per-head RMSNorm then RoPE, [B, H, T, D] contiguous in x.dtype."""
+    _check_model_dtype("x", x)
+    torch._check(x.dim() == 4 and x.shape[-1] % 2 == 0, lambda: "x must be [B, T, H, D] with even D")
+    B, T, H, D = x.shape
+    torch._check(weight.shape == (D,), lambda: "weight must be [D]")
+    torch._check(cos.shape == (B, T, D // 2) and sin.shape == cos.shape, lambda: "cos, sin must be [B, T, D/2]")
+    out = torch.empty((B, H, T, D), dtype=x.dtype, device=x.device)
+    if out.numel():
+        launch(_qk_norm_rope_kernel)[(B * H, triton.cdiv(T, _ROPE_T))](
+            x, weight.contiguous(), cos.contiguous(), sin.contiguous(), out, T, H, D // 2, *x.stride(), eps, float(D),
+            BLOCK_T=_ROPE_T, BLOCK_HALF=triton.next_power_of_2(D // 2), OUT_BF16=x.dtype == torch.bfloat16,
+            num_warps=4,
+        )
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the ops: torch.library registrations (torch.compile traces them through wrap_triton) and the public functions, which
 # call the registration only while something traces and launch the kernel directly otherwise (fp8/eager.py)
@@ -327,7 +390,15 @@ def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return _rope(x, cos, sin, wrap_triton)
 
 
+@_register("dllm_ais::qk_norm_rope",
+           lambda x, weight, eps, cos, sin: x.new_empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3])))
+def qk_norm_rope_op(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
+    return _qk_norm_rope(x, weight, eps, cos, sin, wrap_triton)
+
+
 rmsnorm_quant = eager_or_op(rmsnorm_quant_op, _rmsnorm_quant)
 silu_mul_quant = eager_or_op(silu_mul_quant_op, _silu_mul_quant)
 attn_out_quant = eager_or_op(attn_out_quant_op, _attn_out_quant)
 rope = eager_or_op(rope_op, _rope)
+qk_norm_rope = eager_or_op(qk_norm_rope_op, _qk_norm_rope)

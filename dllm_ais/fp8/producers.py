@@ -13,6 +13,9 @@ FP8Linear quantises the bf16 output of the same ops.
                                 of the scaled_mm backend; quant.quantize_rowwise) -> codes, scales [M, 1]
   rope_tables / apply_rope      rotary tables of half width (no `cat`) and the rotation of a [B, T, H, D] view into
                                 a [B, H, T, D] tensor (the layout SDPA takes); bit-equal to llada.apply_rope
+  qk_norm_rope                  Qwen3's (SDAR's) per-head q / k RMSNorm then rotate-half RoPE in the MODEL dtype
+                                (tables in that dtype, each product and sum rounded to it, as models/gqa.py `rotate`):
+                                a [B, T, H, D] view -> [B, H, T, D]; bit-equal to SDAR's q_norm + rotate
 """
 
 from __future__ import annotations
@@ -93,3 +96,21 @@ def silu_mul_rowquant(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tenso
 def attn_out_rowquant(att: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """att [B, H, T, D] -> (codes [B·T, H·D] e4m3, scales [B·T, 1] fp32), one scale per token row."""
     return quant.quantize_rowwise(attn_merge(att))
+
+
+def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                 sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, D] (any strides; a view into the fused QKV output), weight [D], cos, sin [B, T, D/2] in x.dtype
+    (the first half of models/gqa.py `rope_tables`, whose halves repeat) -> [B, H, T, D] contiguous in x.dtype.
+
+    y = rms_norm(x) per head (fp32 math, one cast: SDAR's q_norm / k_norm), then out[:D/2] = y1·c − y2·s,
+    out[D/2:] = y2·c + y1·s with every product and sum rounded to x.dtype: the same roundings as gqa.rotate's
+    y·cos + cat(−y2, y1)·sin (round(−a) = −round(a)), without building the rotated copy."""
+    y = rms_norm(x, weight, eps).transpose(1, 2)  # [B, H, T, D]
+    half = y.shape[-1] // 2
+    y1, y2 = y[..., :half], y[..., half:]
+    c, s = cos[:, None], sin[:, None]  # [B, 1, T, D/2]
+    out = torch.empty(y.shape, dtype=x.dtype, device=x.device)
+    out[..., :half] = y1 * c - y2 * s
+    out[..., half:] = y2 * c + y1 * s
+    return out

@@ -39,8 +39,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from dllm_ais.fp8 import backends, producers
-from dllm_ais.fp8.backends import BACKENDS, check_backend, prepare_gemm_shapes
+from dllm_ais.fp8 import producers
+from dllm_ais.fp8.backends import BACKENDS, PRODUCERS, check_backend, default_producers, prepare_gemm_shapes
 from dllm_ais.fp8.fused_sync import load_rows, round_up
 from dllm_ais.fp8.linear import FP8Linear, resolve_auto
 from dllm_ais.fp8.quant import BLOCK
@@ -55,18 +55,6 @@ FUSED_PARTS: dict[str, tuple[str, ...]] = {
     "ff_out": ("ff_out",),
 }
 """Fused linear of a rollout block -> the master block's linears stacked in it (official names), in order."""
-
-
-PRODUCERS = ("triton", "torch")
-"""Producer implementations: the Triton kernels (producer_kernels.py through ops.py; CUDA, or CPU under
-TRITON_INTERPRET=1) or their torch twins (producers.py)."""
-
-
-def default_producers(device: torch.device | str) -> str:
-    """"triton" on a CUDA GPU where the Triton FP8 kernels run (sm_89+: the fast path with every GEMM backend),
-    "torch" elsewhere (CPU: the twins; the Triton producers run there only under TRITON_INTERPRET=1, when asked)."""
-    device = torch.device(device)
-    return "triton" if device.type == "cuda" and backends._unavailable("triton", device) is None else "torch"
 
 
 def _producer_impl(scheme: str, kind: str) -> SimpleNamespace:

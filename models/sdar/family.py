@@ -42,10 +42,10 @@ FAMILY = Family(
     check_source=Hook(f"{_M}.sdar.checkpoint:check_sdar_source"),
     lora_targets=Hook(f"{_M}.sdar.model:lora_target_regex"),
     backend=Hook(f"{_M}.sdar.backend:build_backend"),
+    fp8_copy=Hook(f"{_M}.sdar.fused_fp8:fp8_copy"),
+    fp4_copy=Hook(f"{_M}.sdar.fused_fp8:fp4_copy"),
     resolve_sampler=Hook(f"{_M}.sdar.backend:resolve_sampler"),
     refusal=refusal,
-    fsdp_fp8_refusal="FSDP with FP8 rollouts of an SDAR model is not built yet (no FSDP test of SDAR); train on one "
-                     "process or with --fp8-backend none.",
     sampler_fields=("sdar_strategy", "sdar_threshold"),
     eval_block_length=trained_block_length,
     eval_uses_rollout_sampler=True,

@@ -46,9 +46,16 @@ def plan_shape(config, name: str) -> ModelShape:
 
 
 def plan_copy_bytes(config, precision: str, dtype: torch.dtype, fp8_backend: str) -> int:
-    """Bytes of SDAR's rollout copy, fp8/quantize.py's per-Linear copy (SDAR has no fused copy yet): each block linear
-    as e4m3 codes + fp32 scales (128×128 blocks, or one per row for scaled_mm); fp4 (fp4/linear.py): dequantised
-    fp32 weights; the rest (embeddings, norms, LM head) in `dtype`. No biases (SDAR has none)."""
+    """Bytes of SDAR's rollout copy: fp8, the fused copy the trainer builds (models/sdar/fused_fp8.py, on the meta
+    device: stacked q/k/v and gate/up FP8 codes padded to whole 128-row blocks + fp32 scales, 128×128 blocks or one
+    per row for scaled_mm; the rest, q/k norms included, in `dtype`); fp4, the fused emulated-FP4 copy, which pads
+    nothing and so holds what a per-Linear copy holds: dequantised fp32 weights. No biases (SDAR has none)."""
+    if precision == "fp8":
+        from dllm_ais.models.sdar.fused_fp8 import FusedSDAR
+
+        backend = "scaled_mm" if fp8_backend == "scaled_mm" else "torch"  # the two scale layouts (block, row)
+        copy = FusedSDAR(config, backend, "meta", dtype)
+        return sum(t.untyped_storage().nbytes() for t in [*copy.parameters(), *copy.buffers()])
     with torch.device("meta"):
         model = SDARModel(config)
     total, replaced = 0, 0
