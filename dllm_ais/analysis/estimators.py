@@ -100,7 +100,12 @@ def impossible_budgets(L: int, budgets: tuple[int, ...]) -> dict[str, str]:
             "trajectory": f"one row per sampler step that commits: L = {L} under LLaDA's low-confidence rule (fewer "
                           "expected steps under the threshold rule; Dream's schedule commits nothing at its first "
                           f"step: {L - 1} rows); more rows than steps do not exist",
-            "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence"}
+            "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence",
+            "mdpo": f"K of the rollout's canvases that commit (at most its steps, ≤ L = {L}): K > L scores every "
+                    "canvas, as K = L; rows = min(K, the path's committing steps) (Dream: its first step commits "
+                    "nothing)",
+            "dtreerpo": f"s segments of the path's T steps (T = L = {L} for the fixed schedules; the threshold rule's "
+                        "paths have fewer): s > T cuts as s = T; rows = the segments that commit a token"}
 
 
 def signed_moments(probs: torch.Tensor, values: torch.Tensor, G: int):
@@ -252,8 +257,30 @@ def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int,
             mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, tbc.mask_id, thr, merge)
             budget = L if merge == 1 else -(-L // merge)
             res[name] = {str(budget): closed_forms(mom, feats, tg, L, cfg.G, cfg.N)}
+        for name, mom in recorded_canvas_moments(family, sp, logits, cfg, rule).items():
+            res.setdefault(name[0], {})[str(name[1])] = closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
         out[rule] = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),
                      "grad_j_norm_sq": float(tg.grad_j @ tg.grad_j), "estimators": res}
+    return out
+
+
+def recorded_canvas_moments(family: str, sp: D.Space, logits: torch.Tensor, cfg: EstimatorsConfig, rule: str
+                            ) -> dict[tuple[str, int], D.Moments]:
+    """MDPO with K canvases and d-TreeRPO with s segments (K, s: the budgets up to L, and L — every canvas, every
+    step its own segment; the rollout has no more steps) over the sampler's paths (estimator_paths.py); {} for a family without its paths."""
+    from dllm_ais.analysis.estimator_paths import dtreerpo_path_moments, mdpo_path_moments, recorded_moments
+
+    fam, tbc = EXACT_FAMILIES[family], cfg.testbed
+    if fam.path_sets is None:
+        return {}
+    thr = cfg.threshold if rule == "threshold" else None
+    sets = fam.path_sets(logits, tbc.vocab, rule, tbc.mask_id, thr)
+    out = {}
+    settings = sorted({k for k in cfg.budgets if k <= tbc.gen_length} | {tbc.gen_length})
+    for K in settings:
+        out[("mdpo", K)] = recorded_moments(sets, sp, lambda ps, K=K: mdpo_path_moments(ps, sp, K))
+    for s in settings:
+        out[("dtreerpo", s)] = recorded_moments(sets, sp, lambda ps, s=s: dtreerpo_path_moments(ps, sp, s))
     return out
 
 

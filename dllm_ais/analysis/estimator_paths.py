@@ -1,0 +1,241 @@
+"""The sampler's paths given the completion, enumerated exactly, and the coefficient moments of the two likelihoods
+that score a rollout's own recorded canvases — MDPO (likelihood/mdpo.py) and d-TreeRPO (likelihood/dtreerpo.py) —
+over them (rung 1 of the estimator ladder, analysis/estimators.py).
+
+A path of completion y is the list of its sampler steps (t, m, a): the global forward index t (the package sampler's
+`Rollout.commit_step` counting), the masked set m before the step and the set a it commits (bitmasks over the L
+positions); its weight is P(path | y) = P(path) / π(y). `llada_paths` / `dream_paths` enumerate them with the
+sampler's own step laws (exact_sampler.py's single / parallel commit probabilities; exact_dream.py's edges) and are
+what the trajectory moments walk too (estimator_draws.trajectory, exact_dream.trajectory).
+
+`PathSet` turns a completion's paths into what a recorded rollout holds — commit_step [Np, L], num_steps and the
+log-probability each token was committed with (the sampler's `logp_rollout`, under the family's proposal) — and
+`recorded_moments` feeds them to the package's own draws (`draw_mdpo`, `draw_dtreerpo`: one code path). Each draw
+canvas (masked set = its `hidden`, never the prompt) scores A features (s = 0, m = hidden, j) with the draw's weights.
+
+Path-only setting (no tree, no batch): a path's T (`num_steps`, d-TreeRPO's step count that its segments cut) is the
+path's own — 1 + its last commit step, what a batch of one records. The fixed schedules (LLaDA low-confidence and
+Dream, steps = L) have T = L on every path; the threshold rule's paths differ in T (a batch of several rows records
+the batch's largest T, so in training its segments depend on the other rows; here they do not).
+MDPO's K of S candidate canvases are drawn uniformly without replacement (`draw_mdpo`'s randperm): the moments
+enumerate every K-subset of the per-canvas terms of the all-canvas draw, each scaled S / K (the draw's 1 / K_b;
+tests check that `draw_mdpo` with K returns exactly one such subset).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import combinations
+
+import torch
+
+Step = tuple[int, int, int]
+"""(t, m, a): global step index, masked set before the step, committed set (bitmasks)."""
+
+
+def llada_paths(logits: torch.Tensor, vocab: int, threshold: float | None) -> list[list[tuple[float, list[Step]]]]:
+    """Per completion k = x·Y + y (prompt-major), its paths under LLaDA's one-block sampler with steps = L
+    (low-confidence: one commit per step; threshold: the parallel extensions too): [(P(path | y), steps)]; [] where
+    π(y) = 0. logits [n, C, L, V] of every partial canvas (exact_sampler.canvas_logits)."""
+    from dllm_ais.analysis.estimator_draws import _transitions
+    from dllm_ais.analysis.exact_testbed import all_sequences
+
+    n, C, L, _ = logits.shape
+    single, par = _transitions(logits, vocab, threshold)
+    single, par = single.tolist(), None if par is None else par.tolist()
+    ys = all_sequences(vocab, L).tolist()
+    base = vocab + 1
+    full = 2 ** L - 1
+    out = []
+    for x in range(n):
+        for y in ys:
+            paths = []  # (prob, [(t, mask, committed set)])
+
+            def walk(m: int, prob: float, steps: list, y=y, x=x, paths=paths):
+                if m == 0:
+                    paths.append((prob, steps))
+                    return
+                c = sum((y[j] + 1) * base ** j for j in range(L) if not m >> j & 1)
+                for a in range(1, m + 1):
+                    if a & ~m:
+                        continue
+                    size = bin(a).count("1")
+                    if par is None and size > 1:
+                        continue
+                    t = 0.0
+                    if size == 1:
+                        j = a.bit_length() - 1
+                        t += single[x][c][j][y[j]]
+                    if par is not None:
+                        t += par[x][c][sum((y[j] + 1) * base ** j for j in range(L) if a >> j & 1)]
+                    if t > 0:
+                        walk(m & ~a, prob * t, steps + [(len(steps), m, a)])
+
+            walk(full, 1.0, [])
+            total = sum(p for p, _ in paths)
+            out.append([] if total <= 0 else [(prob / total, steps) for prob, steps in paths])
+    return out
+
+
+def dream_paths(logits: torch.Tensor, vocab: int, alg: str, mask_id: int) -> list[list[tuple[float, list[Step]]]]:
+    """As `llada_paths` for Dream's uncached sampler (steps = L, exact_dream.schedule): a step that commits nothing
+    (k_t = 0) is no entry of the list but keeps its index t (a forward all the same)."""
+    from dllm_ais.analysis.exact_dream import edges, schedule
+    from dllm_ais.analysis.exact_testbed import all_sequences
+
+    n, C, L, _ = logits.shape
+    table = []  # per step: {(parent, child): [n] log-probabilities} or None
+    with torch.no_grad():
+        for e in edges(logits, vocab, alg, mask_id):
+            table.append(None if e is None else {(int(p), int(c)): e[2][:, i].tolist()
+                                                 for i, (p, c) in enumerate(zip(e[0], e[1], strict=True))})
+    ks = schedule(L)
+    base = vocab + 1
+    ys = all_sequences(vocab, L).tolist()
+    out = []
+    for x in range(n):
+        for y in ys:
+            paths = []
+
+            def walk(t, m, logp, steps, y=y, x=x, paths=paths):
+                if t == L:
+                    paths.append((logp, steps))
+                    return
+                if ks[t] == 0:
+                    return walk(t + 1, m, logp, steps)
+                c = sum((y[j] + 1) * base ** j for j in range(L) if not m >> j & 1)
+                for pos in combinations([j for j in range(L) if m >> j & 1], ks[t]):
+                    a = sum(1 << j for j in pos)
+                    lp = table[t][(c, c + sum((y[j] + 1) * base ** j for j in pos))][x]
+                    if math.isfinite(lp):
+                        walk(t + 1, m & ~a, logp + lp, steps + [(t, m, a)])
+
+            walk(0, 2 ** L - 1, 0.0, [])
+            probs = torch.tensor([p for p, _ in paths], dtype=torch.float64).exp()
+            total = float(probs.sum())
+            out.append([(w, steps) for w, (_, steps) in zip((probs / total).tolist(), paths, strict=True)])
+    return out
+
+
+@dataclass(frozen=True)
+class PathSet:
+    """One completion's paths as recorded rollouts (one row per path)."""
+
+    weight: torch.Tensor
+    """[Np] float64 P(path | y)."""
+    commit_step: torch.Tensor
+    """[Np, L] long: the step at which each position was committed (Rollout.commit_step)."""
+    num_steps: torch.Tensor
+    """[Np] long: the path's own T = 1 + its last commit step (module doc)."""
+    logp_commit: torch.Tensor
+    """[Np, L] float64: log q(y_j | canvas of j's commit step) under the family's proposal (Rollout.logp_rollout)."""
+
+
+def path_sets(paths: list[list[tuple[float, list[Step]]]], logits: torch.Tensor, vocab: int,
+              token_logprob) -> list[PathSet | None]:
+    """Every completion's PathSet (None where it has no path); token_logprob(z [..., V], tokens [...]) -> [...] the
+    family's proposal log-probability (the function its sampler records logp_rollout with)."""
+    from dllm_ais.analysis.exact_testbed import all_sequences
+
+    n, C, L, _ = logits.shape
+    ys = all_sequences(vocab, L)  # [Y, L]
+    Y = ys.shape[0]
+    powers = (vocab + 1) ** torch.arange(L)
+    out = []
+    for k, ps in enumerate(paths):
+        if not ps:
+            out.append(None)
+            continue
+        x, y = divmod(k, Y)
+        cs = torch.full((len(ps), L), -1, dtype=torch.long)
+        for i, (_, steps) in enumerate(ps):
+            for t, _, a in steps:
+                for j in range(L):
+                    if a >> j & 1:
+                        cs[i, j] = t
+        # canvas of j's commit step: y shown where committed earlier (cs < cs_j), masked elsewhere
+        shown = cs[:, None, :] < cs[:, :, None]  # [Np, L_j, L]
+        canvas = (torch.where(shown, ys[y] + 1, 0) * powers).sum(-1)  # [Np, L_j]
+        z = logits[x, canvas, torch.arange(L)]  # [Np, L, V]
+        lp = token_logprob(z, ys[y].expand(len(ps), L)).double()
+        out.append(PathSet(torch.tensor([w for w, _ in ps], dtype=torch.float64), cs, cs.max(-1).values + 1, lp))
+    return out
+
+
+def draw_columns(draw, sp) -> torch.Tensor:
+    """[B, K, Q_A] float64: each canvas of a recorded-canvas PolicyDraw (hidden set m, prompt shown) as A-feature
+    coefficients — its weights at columns (0, m, j)."""
+    B, K, L = draw.mask.shape
+    lut = torch.zeros(2 ** L, L, dtype=torch.long)
+    for (s, m, j), c in sp.a.items():
+        if s == 0:
+            lut[m, j] = c
+    bits = (draw.hidden.long() * 2 ** torch.arange(L)).sum(-1)  # [B, K]
+    col = lut[bits[..., None], torch.arange(L)]  # [B, K, L]
+    out = torch.zeros(B * K, len(sp.a), dtype=torch.float64)
+    w = torch.where(draw.mask, draw.weight.double(), 0.0)
+    return out.scatter_add_(1, col.reshape(B * K, L), w.reshape(B * K, L)).view(B, K, -1)
+
+
+def mdpo_path_draw(ps: PathSet, confidence: bool = True):
+    """The all-canvas MDPO draw of every path (num_canvases None: weight λ_t c_j / S)."""
+    from dllm_ais.likelihood.mdpo import draw_mdpo
+
+    ones = torch.ones_like(ps.commit_step, dtype=torch.bool)
+    return draw_mdpo(ps.commit_step, ones, None, 0, ps.logp_commit.exp() if confidence else None)
+
+
+def mdpo_path_moments(ps: PathSet, sp, K: int, confidence: bool = True):
+    """(E W [Q], E W Wᵀ [Q, Q], E rows) of MDPO with K canvases over the completion's paths (module doc)."""
+    draw = mdpo_path_draw(ps, confidence)
+    V = draw_columns(draw, sp)  # [Np, Smax, Q]: per-canvas terms / S
+    used = draw.mask.any(-1)  # [Np, Smax]
+    Q = V.shape[-1]
+    mean, second, rows = torch.zeros(Q, dtype=torch.float64), torch.zeros(Q, Q, dtype=torch.float64), 0.0
+    for p in range(V.shape[0]):
+        S = int(used[p].sum())
+        v = V[p, :S] * S  # [S, Q] each canvas's own term
+        subs = list(combinations(range(S), min(K, S)))
+        Ws = torch.stack([v[list(c)].sum(0) / len(c) for c in subs])  # [n_sub, Q]
+        w = float(ps.weight[p]) / len(subs)
+        mean += w * Ws.sum(0)
+        second += w * Ws.T @ Ws
+        rows += float(ps.weight[p]) * min(K, S)
+    return mean, second, rows
+
+
+def dtreerpo_path_moments(ps: PathSet, sp, segments: int):
+    """(E W, E W Wᵀ, E rows) of d-TreeRPO with `segments` segments of each path's own T (module doc)."""
+    from dllm_ais.likelihood.dtreerpo import draw_dtreerpo
+
+    Q = len(sp.a)
+    W = torch.zeros(ps.weight.shape[0], Q, dtype=torch.float64)
+    rows = torch.zeros(ps.weight.shape[0], dtype=torch.float64)
+    for T in ps.num_steps.unique().tolist():  # draw_dtreerpo cuts one T per call
+        idx = (ps.num_steps == T).nonzero().squeeze(-1)
+        cs = ps.commit_step[idx]
+        draw = draw_dtreerpo(cs, torch.ones_like(cs, dtype=torch.bool), int(T), segments)
+        W[idx] = draw_columns(draw, sp).sum(1)
+        rows[idx] = draw.mask.any(-1).sum(-1).double()
+    w = ps.weight
+    return w @ W, torch.einsum("p,pq,pr->qr", w, W, W), float(w @ rows)
+
+
+def recorded_moments(sets: list[PathSet | None], sp, fn):
+    """estimator_draws.Moments (family A) of a recorded-canvas likelihood from per-completion fn(PathSet) ->
+    (mean, second, rows); rows of one group draw their paths independently given their completions."""
+    from dllm_ais.analysis.estimator_draws import Moments, Node
+
+    Q = len(sp.a)
+    K = len(sets)
+    means = torch.zeros(K, Q, dtype=torch.float64)
+    seconds = torch.zeros(K, Q, Q, dtype=torch.float64)
+    rows = torch.zeros(K, dtype=torch.float64)
+    for k, ps in enumerate(sets):
+        if ps is not None:
+            means[k], seconds[k], rows[k] = fn(ps)
+    mean = means[None].expand(2, -1, -1)
+    node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None],
+                torch.ones(1, 1, dtype=torch.float64))
+    return Moments("A", (node,), rows)
