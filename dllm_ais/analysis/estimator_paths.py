@@ -159,7 +159,7 @@ def path_sets(paths: list[list[tuple[float, list[Step]]]], logits: torch.Tensor,
         canvas = (torch.where(shown, ys[y] + 1, 0) * powers).sum(-1)  # [Np, L_j]
         z = logits[x, canvas, torch.arange(L)]  # [Np, L, V]
         lp = token_logprob(z, ys[y].expand(len(ps), L)).double()
-        out.append(PathSet(torch.tensor([w for w, _ in ps], dtype=torch.float64), cs, cs.max(-1).values + 1, lp))
+        out.append(PathSet(torch.tensor([w for w, _ in ps], dtype=torch.float64), cs, own_steps(cs), lp))
     return out
 
 
@@ -205,19 +205,41 @@ def mdpo_path_moments(ps: PathSet, sp, K: int, confidence: bool = True):
     return mean, second, rows
 
 
+def own_steps(commit_step: torch.Tensor) -> torch.Tensor:
+    """[B] long: each row's own T = 1 + its last commit step (module doc)."""
+    return commit_step.max(-1).values + 1
+
+
+def draw_dtreerpo_own_steps(commit_step: torch.Tensor, completion_mask: torch.Tensor, segments: int):
+    """d-TreeRPO's draw (likelihood/dtreerpo.draw_dtreerpo) with each row's segments cut from its own T (the
+    path-only setting, module doc) instead of the batch's num_steps: rows grouped by T, one call per group, draws
+    padded to the largest segment count (padding scores nothing)."""
+    from dllm_ais.likelihood.dtreerpo import draw_dtreerpo
+    from dllm_ais.likelihood.mask_draws import PolicyDraw
+
+    T_row = own_steps(commit_step)
+    parts = {}
+    for T in T_row.unique().tolist():
+        idx = (T_row == T).nonzero().squeeze(-1)
+        parts[T] = (idx, draw_dtreerpo(commit_step[idx], completion_mask[idx], int(T), segments))
+    B, L = commit_step.shape
+    K = max(d.mask.shape[1] for _, d in parts.values())
+    mask = torch.zeros(B, K, L, dtype=torch.bool, device=commit_step.device)
+    weight = torch.zeros(B, K, L, dtype=torch.float64, device=commit_step.device)
+    hidden = torch.zeros(B, K, L, dtype=torch.bool, device=commit_step.device)
+    level = torch.zeros(B, K, dtype=torch.float64, device=commit_step.device)
+    for idx, d in parts.values():
+        k = d.mask.shape[1]
+        mask[idx, :k], weight[idx, :k], hidden[idx, :k], level[idx, :k] = d.mask, d.weight, d.hidden, d.level
+    return PolicyDraw(mask, weight, None, level, hidden)
+
+
 def dtreerpo_path_moments(ps: PathSet, sp, segments: int):
     """(E W, E W Wᵀ, E rows) of d-TreeRPO with `segments` segments of each path's own T (module doc)."""
-    from dllm_ais.likelihood.dtreerpo import draw_dtreerpo
-
-    Q = len(sp.a)
-    W = torch.zeros(ps.weight.shape[0], Q, dtype=torch.float64)
-    rows = torch.zeros(ps.weight.shape[0], dtype=torch.float64)
-    for T in ps.num_steps.unique().tolist():  # draw_dtreerpo cuts one T per call
-        idx = (ps.num_steps == T).nonzero().squeeze(-1)
-        cs = ps.commit_step[idx]
-        draw = draw_dtreerpo(cs, torch.ones_like(cs, dtype=torch.bool), int(T), segments)
-        W[idx] = draw_columns(draw, sp).sum(1)
-        rows[idx] = draw.mask.any(-1).sum(-1).double()
+    cs = ps.commit_step
+    draw = draw_dtreerpo_own_steps(cs, torch.ones_like(cs, dtype=torch.bool), segments)
+    W = draw_columns(draw, sp).sum(1)  # [Np, Q]
+    rows = draw.mask.any(-1).sum(-1).double()
     w = ps.weight
     return w @ W, torch.einsum("p,pq,pr->qr", w, W, W), float(w @ rows)
 

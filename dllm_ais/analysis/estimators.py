@@ -267,7 +267,8 @@ def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int,
 def recorded_canvas_moments(family: str, sp: D.Space, logits: torch.Tensor, cfg: EstimatorsConfig, rule: str
                             ) -> dict[tuple[str, int], D.Moments]:
     """MDPO with K canvases and d-TreeRPO with s segments (K, s: the budgets up to L, and L — every canvas, every
-    step its own segment; the rollout has no more steps) over the sampler's paths (estimator_paths.py); {} for a family without its paths."""
+    step its own segment; the rollout has no more steps) over the sampler's paths (estimator_paths.py); {} for a
+    family without its paths."""
     from dllm_ais.analysis.estimator_paths import dtreerpo_path_moments, mdpo_path_moments, recorded_moments
 
     fam, tbc = EXACT_FAMILIES[family], cfg.testbed

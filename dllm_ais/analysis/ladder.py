@@ -6,6 +6,8 @@
                                                                                      # committed in rung2/
     python -m dllm_ais.analysis.ladder --smoke --out /tmp/ladder                     # seconds (CI)
     python -m dllm_ais.analysis.ladder --report-only --out benchmarks/estimators    # the report from stored results
+    python -m dllm_ais.analysis.ladder --rungs 2 --lengths 8 --paths 4096 --supplement mdpo,dtreerpo \
+        --out benchmarks/estimators   # MDPO's and d-TreeRPO's rows added to the cached cells, on their own paths
 
 Rung 1 (exact, analysis/estimators.py): the enumerable tiny-LLaDA testbed, L = 4 -> <out>/rung1/.
 Rung 2 (Monte-Carlo ground truth, analysis/ladder_rung2.py): trained tiny LLaDA and Dream, L = 8-64 -> <out>/rung2/.
@@ -149,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(of 8, 16, 32, 64)")
     ap.add_argument("--paths", type=int, default=None, help="sampled paths per rung-2 cell at every length (default: "
                     "ladder_rung2.Rung2Config.paths)")
+    ap.add_argument("--supplement", default="", help="comma list of rung-2 estimators (mdpo, dtreerpo) added to every "
+                    "cell on its own sampled paths; a cached cell is re-measured and must reproduce its numbers "
+                    "(mc_ground_truth.supplement_cell)")
     ap.add_argument("--models", default="runs/ladder", help="cache of rung 2's trained models (gitignored)")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
     args = ap.parse_args(argv)
@@ -164,7 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             run_rung1(out, m)
         if "2" in rungs:
             lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
-            run_rung2(out, rung2_config(m, lengths, args.paths), Path(args.models) if m != "smoke" else out / "models")
+            cfg = rung2_config(m, lengths, args.paths)
+            names = tuple(x.strip() for x in args.supplement.split(",") if x.strip())
+            if names:
+                from dataclasses import replace
+
+                cfg = replace(cfg, supplement=names)
+            run_rung2(out, cfg, Path(args.models) if m != "smoke" else out / "models")
     report(out)
     print(f"wrote {out}")
     return 0
