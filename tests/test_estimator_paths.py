@@ -147,6 +147,12 @@ def test_mdpo_subset_moments_match_package_draws(bed):
     z2 = (outer.mean(0) - second).abs() / (outer.std(0) / m ** 0.5 + 1e-12)
     assert float(z2.max()) < 5
     assert rows == pytest.approx(1.0)
+    for K in (1, 2, 3):  # the inclusion-probability form = every subset enumerated, on every completion
+        for q in bed["sets"]:
+            a, b = EP.mdpo_path_moments(q, sp, K), EP.mdpo_subset_moments(q, sp, K)
+            assert torch.allclose(a[0], b[0], rtol=0, atol=1e-12) and torch.allclose(a[1], b[1], rtol=1e-12,
+                                                                                      atol=1e-12)
+            assert a[2] == pytest.approx(b[2], abs=1e-12)
     full_mean, full_second, _ = EP.mdpo_path_moments(ps, sp, 8)
     assert torch.allclose(full_mean, mean, rtol=0, atol=1e-12)  # unbiased for the all-canvas mean
     assert float(torch.trace(second - full_second)) > 1e-6  # one canvas is noisier than all of them

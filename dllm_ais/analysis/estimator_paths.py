@@ -18,8 +18,9 @@ path's own — 1 + its last commit step, what a batch of one records. The fixed 
 Dream, steps = L) have T = L on every path; the threshold rule's paths differ in T (a batch of several rows records
 the batch's largest T, so in training its segments depend on the other rows; here they do not).
 MDPO's K of S candidate canvases are drawn uniformly without replacement (`draw_mdpo`'s randperm): the moments
-enumerate every K-subset of the per-canvas terms of the all-canvas draw, each scaled S / K (the draw's 1 / K_b;
-tests check that `draw_mdpo` with K returns exactly one such subset).
+follow from the per-canvas terms of the all-canvas draw, each scaled S / K (the draw's 1 / K_b), by the inclusion
+probabilities of such a draw (`mdpo_path_moments`; tests check them against every subset, `mdpo_subset_moments`,
+and that `draw_mdpo` with K returns exactly one such subset).
 """
 
 from __future__ import annotations
@@ -187,7 +188,26 @@ def mdpo_path_draw(ps: PathSet, confidence: bool = True):
 
 
 def mdpo_path_moments(ps: PathSet, sp, K: int, confidence: bool = True):
-    """(E W [Q], E W Wᵀ [Q, Q], E rows) of MDPO with K canvases over the completion's paths (module doc)."""
+    """(E W [Q], E W Wᵀ [Q, Q], E rows) of MDPO with K canvases over the completion's paths (module doc). Path p
+    has S candidate canvases with own terms v_i (the all-canvas draw's weights times S); K' = min(K, S) of them are
+    drawn uniformly without replacement and W = Σ_{i drawn} v_i / K', so E W = Σ_i v_i / S and
+    E W Wᵀ = [Σ_i v_i v_iᵀ + (K' − 1)/(S − 1) · Σ_{i≠j} v_i v_jᵀ] / (K' S) (inclusion probabilities K'/S and
+    K'(K' − 1)/(S(S − 1)); tests check it against every subset and against draw_mdpo's own draws)."""
+    draw = mdpo_path_draw(ps, confidence)
+    S = draw.mask.any(-1).sum(-1).double()  # [Np] candidate canvases
+    v = draw_columns(draw, sp) * S[:, None, None]  # [Np, Smax, Q] each canvas's own term (padding: 0)
+    k = S.clamp(max=K)  # [Np] K'
+    tot = v.sum(1)  # [Np, Q]
+    own = torch.einsum("psq,psr->pqr", v, v)  # Σ_i v_i v_iᵀ
+    pair = torch.einsum("pq,pr->pqr", tot, tot) - own  # Σ_{i≠j} v_i v_jᵀ
+    c = torch.where(S > 1, (k - 1) / (S - 1).clamp_min(1), 0.0)
+    w = ps.weight
+    second = torch.einsum("p,pqr->qr", w / (k * S), own + c[:, None, None] * pair)
+    return w @ (tot / S[:, None]), second, float(w @ k)
+
+
+def mdpo_subset_moments(ps: PathSet, sp, K: int, confidence: bool = True):
+    """`mdpo_path_moments` by enumerating every K'-subset of every path's canvases (the reference, for tests)."""
     draw = mdpo_path_draw(ps, confidence)
     V = draw_columns(draw, sp)  # [Np, Smax, Q]: per-canvas terms / S
     used = draw.mask.any(-1)  # [Np, Smax]
