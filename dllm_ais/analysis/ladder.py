@@ -71,9 +71,9 @@ def run_rung1(out: Path, mode: str, log=print) -> None:
     log(f"rung 1: {doc['timing']['seconds']:.0f} s")
 
 
-def run_rung2(out: Path, cfg: R2.Rung2Config, models: Path, log=print) -> None:
+def run_rung2(out: Path, cfg: R2.Rung2Config, models: Path, log=print, supplement: tuple[str, ...] = ()) -> None:
     t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
-    doc = R2.run(cfg, models, log)
+    doc = R2.run(cfg, models, log, supplement)
     doc["timing"].update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
                          load_average_start=load0, load_average_end=os.getloadavg(), threads=1)
     timing = doc.pop("timing")
@@ -169,13 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             run_rung1(out, m)
         if "2" in rungs:
             lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
-            cfg = rung2_config(m, lengths, args.paths)
             names = tuple(x.strip() for x in args.supplement.split(",") if x.strip())
-            if names:
-                from dataclasses import replace
-
-                cfg = replace(cfg, supplement=names)
-            run_rung2(out, cfg, Path(args.models) if m != "smoke" else out / "models")
+            run_rung2(out, rung2_config(m, lengths, args.paths), Path(args.models) if m != "smoke" else out / "models",
+                      supplement=names)
     report(out)
     print(f"wrote {out}")
     return 0

@@ -54,18 +54,8 @@ class Rung2Config:
     prompts: int = 64
     """Held-out prompts of a cell."""
     models: LM.LadderModelConfig = LM.LadderModelConfig()
-    supplement: tuple[str, ...] = ()
-    """mc_estimators entries added to every cell on its own sampled paths (e.g. SUPPLEMENT_ESTIMATORS): a cached
-    cell is measured again with them and must reproduce its cached numbers (mc_ground_truth.supplement_cell); kept
-    out of the cell's cache key, so cached cells stay valid; the supplemented result is cached beside it."""
 
     def __post_init__(self):
-        from dllm_ais.analysis.mc_estimators import ESTIMATORS
-
-        bad = [n for n in self.supplement if n not in ESTIMATORS or n in self.mc.estimators]
-        if bad:
-            raise ValueError(f"Rung2Config.supplement {bad}: name mc_estimators entries ({', '.join(ESTIMATORS)}) "
-                             "that the cells do not measure already (MCConfig.estimators).")
         for f, smp, _ in self.grid:
             if smp not in SAMPLERS.get(f, ()):
                 raise ValueError(f"Rung2Config.grid: sampler {smp!r} of family {f!r} unknown; use one of "
@@ -139,12 +129,23 @@ def _supplement_cache(cache: Path, names: tuple[str, ...]) -> Path:
     return cache.with_name(f"{cache.stem}+{'+'.join(names)}-v{SUPPLEMENT_VERSION}.json")
 
 
-def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print) -> dict:
+def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print, supplement: tuple[str, ...] = ()) -> dict:
     """Measure every cell, training (or reusing) each model when its first cell comes; a finished cell is cached
-    under root/cells (an interrupted run resumes there): {"config", "cells": {name: result}, "timing"}."""
+    under root/cells (an interrupted run resumes there): {"config", "cells": {name: result}, "timing"}.
+
+    supplement: mc_estimators entries added to every cell on its own sampled paths (e.g. SUPPLEMENT_ESTIMATORS): a
+    cached cell is measured again with them and must reproduce its cached numbers (mc_ground_truth.supplement_cell).
+    It is kept out of the cells' cache keys and of `config` (so cached cells stay valid; each supplemented cell says
+    what was added in its `supplement` field) and cached beside the cell."""
     import json
 
+    from dllm_ais.analysis.mc_estimators import ESTIMATORS
     from dllm_ais.atomic import atomic_write_text
+
+    bad = [n for n in supplement if n not in ESTIMATORS or n in cfg.mc.estimators]
+    if bad:
+        raise ValueError(f"supplement {bad}: name mc_estimators entries ({', '.join(ESTIMATORS)}) that the cells do "
+                         "not measure already (MCConfig.estimators).")
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -157,7 +158,7 @@ def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print) -> dict:
     for cell in cells(cfg):
         f, c, L, s = cell
         cache = _cell_cache(cfg, root, cell)
-        sup_cache = _supplement_cache(cache, cfg.supplement) if cfg.supplement else None
+        sup_cache = _supplement_cache(cache, supplement) if supplement else None
         done = sup_cache or cache  # the result this run wants
         if done.is_file():
             res = json.loads(done.read_text())
@@ -171,10 +172,10 @@ def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print) -> dict:
         bed = digits_bed(f, c, L, s, cfg, models[(f, L)][c])
         mc = replace(cfg.mc, units=cfg.units(L))
         if cache.is_file():  # cached without the supplement: measured again on the same paths, checked
-            res = write(sup_cache, supplement_cell(bed, mc, json.loads(cache.read_text()), cfg.supplement, log))
+            res = write(sup_cache, supplement_cell(bed, mc, json.loads(cache.read_text()), supplement, log))
             out[bed.name] = res
             continue
-        res, sup = measure_cell(bed, mc, cfg.supplement, log)
+        res, sup = measure_cell(bed, mc, supplement, log)
         res["model"] = {"family": f, "checkpoint": c, "sampler": s, "train": LM.train_info(models[(f, L)][c])}
         out[bed.name] = write(cache, res)
         if sup is not None:
