@@ -183,3 +183,24 @@ def test_other_rule_paths_score_as_the_package(bed):
             W, _, _ = fn(one)  # a path of weight 1: E W = its W
             g, _ = _package_grad(bed, name, pcfg, _rollout(bed, k, ps, p), 0, md)
             assert float((W @ G - g).norm()) <= 1e-5 * float(g.norm())
+
+
+def test_supplement_adds_the_rows_a_full_run_computes():
+    """A stored document without MDPO's and d-TreeRPO's rows, supplemented, equals the full run's document
+    (JSON-identical); a stored J that is not the rebuilt model's is refused."""
+    import json
+    from dataclasses import replace
+
+    cfg = replace(E.smoke_config(), families=("llada",), seeds=(1,), checkpoints=(5,))
+    full = json.loads(json.dumps(E.run(cfg, None, log=lambda *_: None), sort_keys=True))
+    full.pop("timing"), full.pop("summary")
+    old = json.loads(json.dumps(full))
+    for m in old["per_model"].values():
+        for r in m.values():
+            del r["estimators"]["mdpo"], r["estimators"]["dtreerpo"]
+    got = json.loads(json.dumps(E.supplement_recorded(json.loads(json.dumps(old)), cfg, log=lambda *_: None),
+                                sort_keys=True))
+    assert got == full
+    old["per_model"]["seed1/ck5"]["threshold"]["J"] += 1e-15
+    with pytest.raises(ValueError, match="rerun instead"):
+        E.supplement_recorded(old, cfg, log=lambda *_: None)

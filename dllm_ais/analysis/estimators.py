@@ -257,8 +257,7 @@ def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int,
             mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, tbc.mask_id, thr, merge)
             budget = L if merge == 1 else -(-L // merge)
             res[name] = {str(budget): closed_forms(mom, feats, tg, L, cfg.G, cfg.N)}
-        for name, mom in recorded_canvas_moments(family, sp, logits, cfg, rule).items():
-            res.setdefault(name[0], {})[str(name[1])] = closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
+        res.update(recorded_rows(family, sp, logits, feats, tg, cfg, rule))
         out[rule] = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),
                      "grad_j_norm_sq": float(tg.grad_j @ tg.grad_j), "estimators": res}
     return out
@@ -283,6 +282,53 @@ def recorded_canvas_moments(family: str, sp: D.Space, logits: torch.Tensor, cfg:
     for s in settings:
         out[("dtreerpo", s)] = recorded_moments(sets, sp, lambda ps, s=s: dtreerpo_path_moments(ps, sp, s))
     return out
+
+
+def recorded_rows(family: str, sp: D.Space, logits, feats: Features, tg: Target, cfg: EstimatorsConfig,
+                  rule: str) -> dict[str, dict[str, dict]]:
+    """{mdpo / dtreerpo: {setting: figures}} of one sampler on one model (`recorded_canvas_moments`)."""
+    res: dict[str, dict] = {}
+    for (name, K), mom in recorded_canvas_moments(family, sp, logits, cfg, rule).items():
+        res.setdefault(name, {})[str(K)] = closed_forms(mom, feats, tg, cfg.testbed.gen_length, cfg.G, cfg.N)
+    return res
+
+
+def supplement_recorded(doc: dict, cfg: EstimatorsConfig, log=print) -> dict:
+    """A stored results document with MDPO's and d-TreeRPO's rows added (they joined after it was computed): every
+    model rebuilt as `run` builds it, and its J, ‖g*‖² and ‖∇J‖² per sampler must equal the stored ones bit for bit
+    (the same models, prompts and targets; else a ValueError: rerun instead). Only the new rows are computed (the
+    feature gradients, the targets and their closed forms); the stored rows are kept as they are."""
+    stored_cfg = json.loads(json.dumps(asdict(cfg)))
+    if doc["config"] != stored_cfg:
+        raise ValueError("the stored results were computed with another EstimatorsConfig: rerun instead.")
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    tbc = cfg.testbed
+    sp = D.Space(tbc.prompt_len, tbc.gen_length)
+    for family in cfg.families:
+        for seed in cfg.seeds:
+            t = tb.TestbedConfig(**{**asdict(tbc), "seed": seed})
+            model = MAKE[family](t)
+            states = tb.sft_checkpoints(model, t, cfg.checkpoints, family=family, lr=cfg.sft_lr)
+            prompts = tb.draw_prompts(t)
+            for ck in cfg.checkpoints:
+                model.load_state_dict(states[ck])
+                model.eval()
+                feats = feature_gradients(model, prompts, t.vocab, t.gen_length)
+                with torch.no_grad():
+                    logits = canvas_logits(logits_view(model), prompts, canvas_table(t.vocab, t.gen_length), t.mask_id)
+                for rule in RULES[family]:
+                    tg = target(model, prompts, logits, cfg, rule, family)
+                    old = doc["per_model"][model_key(family, seed, ck)][rule]
+                    now = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),
+                           "grad_j_norm_sq": float(tg.grad_j @ tg.grad_j)}
+                    if any(old[k] != v for k, v in now.items()):
+                        raise ValueError(f"{model_key(family, seed, ck)} {rule}: J / ‖g*‖² differ from the stored "
+                                         f"ones ({now} vs {[old[k] for k in now]}): rerun instead.")
+                    old["estimators"].update(recorded_rows(family, sp, logits, feats, tg, cfg, rule))
+                log(f"{family} seed {seed} checkpoint {ck}: {time.perf_counter() - t0:.0f} s")
+    doc["impossible_budgets"] = impossible_budgets(tbc.gen_length, cfg.budgets)
+    return doc
 
 
 def _replica_mean(figs: list[dict], draws_each: int) -> dict:
@@ -345,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/estimators/rung1",
                     help="output folder (results.json, README.md, figure)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of every code path (tiny settings)")
+    ap.add_argument("--supplement", action="store_true",
+                    help="add MDPO's and d-TreeRPO's rows to the folder's results.json (its models rebuilt; their J "
+                    "and ‖g*‖² must be the stored ones bit for bit; the stored rows kept) and rewrite the reports")
     ap.add_argument("--report-only", action="store_true",
                     help="re-summarise the folder's results.json (its per-model numbers are kept) and rewrite it, "
                     "README.md and the figure (no recomputation)")
@@ -355,6 +404,17 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads((Path(args.out) / "results.json").read_text())
         doc["summary"] = summarise(doc)
         write_outputs(doc, Path(args.out))
+        return 0
+    if args.supplement:
+        from dllm_ais.analysis.estimator_report import summarise
+
+        t0, load0 = time.perf_counter(), os.getloadavg()
+        doc = supplement_recorded(json.loads((Path(args.out) / "results.json").read_text()),
+                                  smoke_config() if args.smoke else EstimatorsConfig())
+        doc["summary"] = summarise(doc)
+        write_outputs(doc, Path(args.out))
+        print(f"supplemented {args.out} in {time.perf_counter() - t0:.0f} s (load average {load0} -> "
+              f"{os.getloadavg()})")
         return 0
     doc = run(smoke_config() if args.smoke else EstimatorsConfig(), Path(args.out))
     t = doc["timing"]
