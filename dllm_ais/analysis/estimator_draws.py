@@ -253,26 +253,6 @@ def spg(sp: Space, K: int, logp_a: torch.Tensor, draws: int, replicas: int, seed
     return out
 
 
-def _transitions(logits: torch.Tensor, vocab: int, threshold: float | None):
-    """Per prompt and parent canvas: single-commit probabilities [n, C, L, V_c] and (threshold) the parallel
-    extension table [n, C, C] (exact_sampler's own step laws)."""
-    from dllm_ais.analysis.exact_sampler import (
-        _parallel_commits,
-        _proposal_and_confidence,
-        _single_commits,
-        canvas_table,
-    )
-
-    n, C, L, _ = logits.shape
-    digits = canvas_table(vocab, L)
-    masked = (digits == 0)[None].expand(n, C, L).reshape(n * C, L)
-    prop, conf = _proposal_and_confidence(logits, vocab, 1.0)
-    pr, cf = prop.reshape(n * C, L, vocab), conf.reshape(n * C, L, vocab)
-    single = _single_commits(pr, cf, masked, threshold).view(n, C, L, vocab)
-    par = None if threshold is None else _parallel_commits(pr, cf, masked, threshold).view(n, C, -1)
-    return single, par
-
-
 def trajectory(sp: Space, logits: torch.Tensor, pi: torch.Tensor, vocab: int, threshold: float | None,
                merge: int) -> Moments:
     """The trajectory likelihood (commit-only: Σ_j log q(y_j | canvas of its step), the package default without
@@ -311,3 +291,21 @@ def path_moments(sp: Space, paths: list, merge: int) -> Moments:
     node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None], torch.ones(1, 1,
                                                                                             dtype=torch.float64))
     return Moments("T", (node,), rows)
+
+
+def recorded_moments(sets: list, sp: Space, fn) -> Moments:
+    """Moments (family A) of a recorded-canvas likelihood (MDPO, d-TreeRPO) from per-completion fn(PathSet) ->
+    (mean, second, rows) over the completions' paths (estimator_paths.py; None: no path); rows of one group draw
+    their paths independently given their completions."""
+    Q = len(sp.a)
+    K = len(sets)
+    means = torch.zeros(K, Q, dtype=torch.float64)
+    seconds = torch.zeros(K, Q, Q, dtype=torch.float64)
+    rows = torch.zeros(K, dtype=torch.float64)
+    for k, ps in enumerate(sets):
+        if ps is not None:
+            means[k], seconds[k], rows[k] = fn(ps)
+    mean = means[None].expand(2, -1, -1)
+    node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None],
+                torch.ones(1, 1, dtype=torch.float64))
+    return Moments("A", (node,), rows)

@@ -54,9 +54,10 @@ def _dream_distribution(logits, vocab, rule, mask_id, threshold):
 
 
 def _dream_trajectory(sp, logits, pi, vocab, rule, mask_id, threshold, merge):
-    from dllm_ais.analysis.exact_dream import trajectory
+    from dllm_ais.analysis.estimator_draws import path_moments
+    from dllm_ais.analysis.estimator_paths import dream_paths
 
-    return trajectory(sp, logits, vocab, rule, mask_id, merge)
+    return path_moments(sp, dream_paths(logits, vocab, rule, mask_id), merge)
 
 
 def _llada_path_sets(logits, vocab, rule, mask_id, threshold):

@@ -6,12 +6,13 @@ A path of completion y is the list of its sampler steps (t, m, a): the global fo
 `Rollout.commit_step` counting), the masked set m before the step and the set a it commits (bitmasks over the L
 positions); its weight is P(path | y) = P(path) / π(y). `llada_paths` / `dream_paths` enumerate them with the
 sampler's own step laws (exact_sampler.py's single / parallel commit probabilities; exact_dream.py's edges) and are
-what the trajectory moments walk too (estimator_draws.trajectory, exact_dream.trajectory).
+what the trajectory moments walk too (estimator_draws.trajectory / path_moments, for both families).
 
 `PathSet` turns a completion's paths into what a recorded rollout holds — commit_step [Np, L], num_steps and the
 log-probability each token was committed with (the sampler's `logp_rollout`, under the family's proposal) — and
-`recorded_moments` feeds them to the package's own draws (`draw_mdpo`, `draw_dtreerpo`: one code path). Each draw
-canvas (masked set = its `hidden`, never the prompt) scores A features (s = 0, m = hidden, j) with the draw's weights.
+`mdpo_path_moments` / `dtreerpo_path_moments` feed them to the package's own draws (`draw_mdpo`, `draw_dtreerpo`: one
+code path; estimator_draws.recorded_moments collects them). Each draw canvas (masked set = its `hidden`, never the
+prompt) scores A features (s = 0, m = hidden, j) with the draw's weights.
 
 Path-only setting (no tree, no batch): a path's T (`num_steps`, d-TreeRPO's step count that its segments cut) is the
 path's own — 1 + its last commit step, what a batch of one records. The fixed schedules (LLaDA low-confidence and
@@ -35,15 +36,34 @@ Step = tuple[int, int, int]
 """(t, m, a): global step index, masked set before the step, committed set (bitmasks)."""
 
 
+def transitions(logits: torch.Tensor, vocab: int, threshold: float | None):
+    """Per prompt and parent canvas: single-commit probabilities [n, C, L, V_c] and (threshold) the parallel
+    extension table [n, C, C] (exact_sampler's own step laws)."""
+    from dllm_ais.analysis.exact_sampler import (
+        _parallel_commits,
+        _proposal_and_confidence,
+        _single_commits,
+        canvas_table,
+    )
+
+    n, C, L, _ = logits.shape
+    digits = canvas_table(vocab, L)
+    masked = (digits == 0)[None].expand(n, C, L).reshape(n * C, L)
+    prop, conf = _proposal_and_confidence(logits, vocab, 1.0)
+    pr, cf = prop.reshape(n * C, L, vocab), conf.reshape(n * C, L, vocab)
+    single = _single_commits(pr, cf, masked, threshold).view(n, C, L, vocab)
+    par = None if threshold is None else _parallel_commits(pr, cf, masked, threshold).view(n, C, -1)
+    return single, par
+
+
 def llada_paths(logits: torch.Tensor, vocab: int, threshold: float | None) -> list[list[tuple[float, list[Step]]]]:
     """Per completion k = x·Y + y (prompt-major), its paths under LLaDA's one-block sampler with steps = L
     (low-confidence: one commit per step; threshold: the parallel extensions too): [(P(path | y), steps)]; [] where
     π(y) = 0. logits [n, C, L, V] of every partial canvas (exact_sampler.canvas_logits)."""
-    from dllm_ais.analysis.estimator_draws import _transitions
     from dllm_ais.analysis.exact_testbed import all_sequences
 
     n, C, L, _ = logits.shape
-    single, par = _transitions(logits, vocab, threshold)
+    single, par = transitions(logits, vocab, threshold)
     single, par = single.tolist(), None if par is None else par.tolist()
     ys = all_sequences(vocab, L).tolist()
     base = vocab + 1
@@ -262,22 +282,3 @@ def dtreerpo_path_moments(ps: PathSet, sp, segments: int):
     rows = draw.mask.any(-1).sum(-1).double()
     w = ps.weight
     return w @ W, torch.einsum("p,pq,pr->qr", w, W, W), float(w @ rows)
-
-
-def recorded_moments(sets: list[PathSet | None], sp, fn):
-    """estimator_draws.Moments (family A) of a recorded-canvas likelihood from per-completion fn(PathSet) ->
-    (mean, second, rows); rows of one group draw their paths independently given their completions."""
-    from dllm_ais.analysis.estimator_draws import Moments, Node
-
-    Q = len(sp.a)
-    K = len(sets)
-    means = torch.zeros(K, Q, dtype=torch.float64)
-    seconds = torch.zeros(K, Q, Q, dtype=torch.float64)
-    rows = torch.zeros(K, dtype=torch.float64)
-    for k, ps in enumerate(sets):
-        if ps is not None:
-            means[k], seconds[k], rows[k] = fn(ps)
-    mean = means[None].expand(2, -1, -1)
-    node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None],
-                torch.ones(1, 1, dtype=torch.float64))
-    return Moments("A", (node,), rows)

@@ -268,7 +268,7 @@ def recorded_canvas_moments(family: str, sp: D.Space, logits: torch.Tensor, cfg:
     """MDPO with K canvases and d-TreeRPO with s segments (K, s: the budgets up to L, and L — every canvas, every
     step its own segment; the rollout has no more steps) over the sampler's paths (estimator_paths.py); {} for a
     family without its paths."""
-    from dllm_ais.analysis.estimator_paths import dtreerpo_path_moments, mdpo_path_moments, recorded_moments
+    from dllm_ais.analysis.estimator_paths import dtreerpo_path_moments, mdpo_path_moments
 
     fam, tbc = EXACT_FAMILIES[family], cfg.testbed
     if fam.path_sets is None:
@@ -278,9 +278,9 @@ def recorded_canvas_moments(family: str, sp: D.Space, logits: torch.Tensor, cfg:
     out = {}
     settings = sorted({k for k in cfg.budgets if k <= tbc.gen_length} | {tbc.gen_length})
     for K in settings:
-        out[("mdpo", K)] = recorded_moments(sets, sp, lambda ps, K=K: mdpo_path_moments(ps, sp, K))
+        out[("mdpo", K)] = D.recorded_moments(sets, sp, lambda ps, K=K: mdpo_path_moments(ps, sp, K))
     for s in settings:
-        out[("dtreerpo", s)] = recorded_moments(sets, sp, lambda ps, s=s: dtreerpo_path_moments(ps, sp, s))
+        out[("dtreerpo", s)] = D.recorded_moments(sets, sp, lambda ps, s=s: dtreerpo_path_moments(ps, sp, s))
     return out
 
 

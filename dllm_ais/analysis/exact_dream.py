@@ -100,14 +100,3 @@ def dream_distribution(logits: torch.Tensor, vocab: int, alg: str, mask_id: int)
     out = logits.new_zeros(n, vocab ** L)
     out[:, sequence_index(digits[full] - 1, vocab)] = prob[:, full]
     return out
-
-
-def trajectory(sp, logits: torch.Tensor, vocab: int, alg: str, mask_id: int, merge: int = 1):
-    """estimator_draws.trajectory for Dream's sampler: the commit-only trajectory likelihood's coefficient
-    moments over the paths given y (P(path | y) = P(path) / π(y), estimator_paths.dream_paths); a step that commits
-    nothing has no term and costs no row. merge = N: each run of N consecutive committing steps scored from the
-    run's first canvas."""
-    from dllm_ais.analysis.estimator_draws import path_moments
-    from dllm_ais.analysis.estimator_paths import dream_paths
-
-    return path_moments(sp, dream_paths(logits, vocab, alg, mask_id), merge)
