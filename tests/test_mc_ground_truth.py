@@ -163,7 +163,8 @@ def test_bridge_rung2_agrees_with_rung1(family, rule):
     model, prompts = bridge_model(cfg, 0, 20, family)
     exact = exact_head_figures(cfg, model, prompts, rule, family=family)
     mc = run_cell(bridge_bed(cfg, model, prompts, rule, family),
-                  MCConfig(units=96, blocks=8, budgets=(1, 2), seed=1), log=lambda *_: None)
+                  MCConfig(units=96, blocks=8, budgets=(1, 2), seed=1, estimators=tuple(ESTIMATORS)),
+                  log=lambda *_: None)
     compared = 0
     for key, f in mc["estimators"].items():
         if key not in exact:
@@ -174,6 +175,7 @@ def test_bridge_rung2_agrees_with_rung1(family, rule):
             assert h < 0.5 * exact[key]["mse"]  # the interval is informative
             compared += 1
     assert compared >= 30
+    assert {k.split(":")[0] for k in mc["estimators"] if k in exact} >= {"mdpo", "dtreerpo"}  # their rows too
     sel = mc["estimators"]["trajectory-selection:all"]["bias_sq"]
     assert abs(sel["value"]) <= max(sel["half"], 1e-6)
     nt = mc["target"]["norm_sq"]

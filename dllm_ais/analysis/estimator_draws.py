@@ -253,87 +253,59 @@ def spg(sp: Space, K: int, logp_a: torch.Tensor, draws: int, replicas: int, seed
     return out
 
 
-def _transitions(logits: torch.Tensor, vocab: int, threshold: float | None):
-    """Per prompt and parent canvas: single-commit probabilities [n, C, L, V_c] and (threshold) the parallel
-    extension table [n, C, C] (exact_sampler's own step laws)."""
-    from dllm_ais.analysis.exact_sampler import (
-        _parallel_commits,
-        _proposal_and_confidence,
-        _single_commits,
-        canvas_table,
-    )
-
-    n, C, L, _ = logits.shape
-    digits = canvas_table(vocab, L)
-    masked = (digits == 0)[None].expand(n, C, L).reshape(n * C, L)
-    prop, conf = _proposal_and_confidence(logits, vocab, 1.0)
-    pr, cf = prop.reshape(n * C, L, vocab), conf.reshape(n * C, L, vocab)
-    single = _single_commits(pr, cf, masked, threshold).view(n, C, L, vocab)
-    par = None if threshold is None else _parallel_commits(pr, cf, masked, threshold).view(n, C, -1)
-    return single, par
-
-
 def trajectory(sp: Space, logits: torch.Tensor, pi: torch.Tensor, vocab: int, threshold: float | None,
                merge: int) -> Moments:
     """The trajectory likelihood (commit-only: Σ_j log q(y_j | canvas of its step), the package default without
-    selection terms), exact over the sampler's paths given y: P(path | y) = P(path) / π(y). merge = N scores each
-    run of N consecutive steps from the run's first canvas (`trajectory.merge_commit_steps`); its rows = runs.
-    logits [n, C, L, V] every partial canvas's logits (exact_sampler.canvas_logits), pi [n, Y] the sampler's law."""
-    from dllm_ais.analysis.exact_testbed import all_sequences
+    selection terms), exact over the sampler's paths given y: P(path | y) = P(path) / π(y)
+    (estimator_paths.llada_paths). merge = N scores each run of N consecutive steps from the run's first canvas
+    (`trajectory.merge_commit_steps`); its rows = runs. logits [n, C, L, V] every partial canvas's logits
+    (exact_sampler.canvas_logits), pi [n, Y] the sampler's law."""
+    from dllm_ais.analysis.estimator_paths import llada_paths
 
+    return path_moments(sp, llada_paths(logits, vocab, threshold), merge)
+
+
+def path_moments(sp: Space, paths: list, merge: int) -> Moments:
+    """The commit-only trajectory likelihood's moments (T features) from every completion's paths [(P(path | y),
+    [(t, m, a)])] (estimator_paths.py): each run of `merge` steps scored from its first canvas, one row a run."""
     L = sp.L
-    single, par = _transitions(logits, vocab, threshold)
-    single, par = single.tolist(), None if par is None else par.tolist()
-    ys = all_sequences(vocab, L).tolist()
-    base = vocab + 1
-    n, Y = pi.shape
     Q = len(sp.t)
-    means = torch.zeros(n * Y, Q, dtype=torch.float64)
-    seconds = torch.zeros(n * Y, Q, Q, dtype=torch.float64)
-    rows = torch.zeros(n * Y, dtype=torch.float64)
-    for x in range(n):
-        for yi, y in enumerate(ys):
-            paths = []  # (prob, [(mask, committed set)])
-
-            def walk(m: int, prob: float, steps: list, y=y, x=x, paths=paths):
-                if m == 0:
-                    paths.append((prob, steps))
-                    return
-                c = sum((y[j] + 1) * base ** j for j in range(L) if not m >> j & 1)
-                for a in range(1, m + 1):
-                    if a & ~m:
-                        continue
-                    size = bin(a).count("1")
-                    if par is None and size > 1:
-                        continue
-                    t = 0.0
-                    if size == 1:
-                        j = a.bit_length() - 1
-                        t += single[x][c][j][y[j]]
-                    if par is not None:
-                        t += par[x][c][sum((y[j] + 1) * base ** j for j in range(L) if a >> j & 1)]
-                    if t > 0:
-                        walk(m & ~a, prob * t, steps + [(m, a)])
-
-            walk(sp.full, 1.0, [])
-            total = sum(p for p, _ in paths)
-            k = x * Y + yi
-            if total <= 0:
-                continue
-            for prob, steps in paths:
-                terms = []
-                for r in range(0, len(steps), merge):
-                    start = steps[r][0]
-                    run = 0
-                    for _, a in steps[r:r + merge]:
-                        run |= a
-                    terms += [((start, j), 1.0) for j in range(L) if run >> j & 1]
-                v = sp.vec("T", terms)
-                w = prob / total
-                means[k] += w * v
-                seconds[k] += w * torch.outer(v, v)
-                rows[k] += w * -(-len(steps) // merge)
+    K = len(paths)
+    means = torch.zeros(K, Q, dtype=torch.float64)
+    seconds = torch.zeros(K, Q, Q, dtype=torch.float64)
+    rows = torch.zeros(K, dtype=torch.float64)
+    for k, ps in enumerate(paths):
+        for w, steps in ps:
+            terms = []
+            for r in range(0, len(steps), merge):
+                start = steps[r][1]
+                run = 0
+                for _, _, a in steps[r:r + merge]:
+                    run |= a
+                terms += [((start, j), 1.0) for j in range(L) if run >> j & 1]
+            v = sp.vec("T", terms)
+            means[k] += w * v
+            seconds[k] += w * torch.outer(v, v)
+            rows[k] += w * -(-len(steps) // merge)
     mean = means[None].expand(2, -1, -1)
     node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None], torch.ones(1, 1,
                                                                                             dtype=torch.float64))
     return Moments("T", (node,), rows)
+
+
+def recorded_moments(sets: list, sp: Space, fn) -> Moments:
+    """Moments (family A) of a recorded-canvas likelihood (MDPO, d-TreeRPO) from per-completion fn(PathSet) ->
+    (mean, second, rows) over the completions' paths (estimator_paths.py; None: no path); rows of one group draw
+    their paths independently given their completions."""
+    Q = len(sp.a)
+    K = len(sets)
+    means = torch.zeros(K, Q, dtype=torch.float64)
+    seconds = torch.zeros(K, Q, Q, dtype=torch.float64)
+    rows = torch.zeros(K, dtype=torch.float64)
+    for k, ps in enumerate(sets):
+        if ps is not None:
+            means[k], seconds[k], rows[k] = fn(ps)
+    mean = means[None].expand(2, -1, -1)
+    node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None],
+                torch.ones(1, 1, dtype=torch.float64))
+    return Moments("A", (node,), rows)

@@ -1,6 +1,7 @@
 """The exact testbed's model families (rung 1 of the estimator ladder, analysis/estimators.py): per family its sampler
-rules, its key in results.json, the sampler's exact law π over every completion and the trajectory likelihood's
-coefficient moments. Chosen once by `EXACT_FAMILIES[name]` (no branch on a family's name elsewhere).
+rules, its key in results.json, the sampler's exact law π over every completion, the trajectory likelihood's
+coefficient moments and the sampler's paths as recorded rollouts (MDPO's and d-TreeRPO's rows). Chosen once by
+`EXACT_FAMILIES[name]` (no branch on a family's name elsewhere).
 
 LLaDA: the low-confidence remasking rule and Fast-dLLM's confidence threshold (one block, steps = L;
 analysis/exact_sampler.py, estimator_draws.trajectory). Dream: the uncached `diffusion_generate` with its entropy and
@@ -29,6 +30,9 @@ class ExactFamily:
     """(logits [n, C, L, V], vocab, rule, mask_id, threshold) -> π [n, V^L] (differentiable)."""
     trajectory: Callable
     """(Space, logits, π, vocab, rule, mask_id, threshold, merge) -> estimator_draws.Moments."""
+    path_sets: Callable | None = None
+    """(logits, vocab, rule, mask_id, threshold) -> per completion its paths as recorded rollouts
+    (estimator_paths.PathSet, None where π(y) = 0), what MDPO and d-TreeRPO score; None: no such rows."""
 
 
 def _llada_distribution(logits, vocab, rule, mask_id, threshold):
@@ -50,14 +54,33 @@ def _dream_distribution(logits, vocab, rule, mask_id, threshold):
 
 
 def _dream_trajectory(sp, logits, pi, vocab, rule, mask_id, threshold, merge):
-    from dllm_ais.analysis.exact_dream import trajectory
+    from dllm_ais.analysis.estimator_draws import path_moments
+    from dllm_ais.analysis.estimator_paths import dream_paths
 
-    return trajectory(sp, logits, vocab, rule, mask_id, merge)
+    return path_moments(sp, dream_paths(logits, vocab, rule, mask_id), merge)
+
+
+def _llada_path_sets(logits, vocab, rule, mask_id, threshold):
+    from dllm_ais.analysis.estimator_paths import llada_paths, path_sets
+    from dllm_ais.likelihood.logprobs import proposal_logprobs
+
+    return path_sets(llada_paths(logits, vocab, threshold), logits, vocab,
+                     lambda z, y: proposal_logprobs(z, y, 1.0, mask_id))
+
+
+def _dream_path_sets(logits, vocab, rule, mask_id, threshold):
+    from dllm_ais.analysis.estimator_paths import dream_paths, path_sets
+    from dllm_ais.models.dream.selection import DreamRule, proposal_logprob
+
+    dr = DreamRule(rule, 1.0, mask_id)
+    return path_sets(dream_paths(logits, vocab, rule, mask_id), logits, vocab, lambda z, y: proposal_logprob(z, y, dr))
 
 
 EXACT_FAMILIES = {
-    "llada": ExactFamily("LLaDA", ("low_confidence", "threshold"), "", _llada_distribution, _llada_trajectory),
-    "dream": ExactFamily("Dream", ("entropy", "maskgit_plus"), "dream/", _dream_distribution, _dream_trajectory),
+    "llada": ExactFamily("LLaDA", ("low_confidence", "threshold"), "", _llada_distribution, _llada_trajectory,
+                         path_sets=_llada_path_sets),
+    "dream": ExactFamily("Dream", ("entropy", "maskgit_plus"), "dream/", _dream_distribution, _dream_trajectory,
+                         path_sets=_dream_path_sets),
 }
 """Rung 1's families by name."""
 

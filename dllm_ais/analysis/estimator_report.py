@@ -127,7 +127,11 @@ def write_readme(doc: dict, path: Path) -> None:
              "`python -m dllm_ais.analysis.ladder`; module doc of "
              "`dllm_ais/analysis/estimators.py` for the method); numbers from `results.json`, figure "
              "`mse_vs_forward_passes.png`. Everything is exact enumeration except SPG's EUBO at K ≥ 2 "
-             f"({cfg['spg_draws']} Monte-Carlo draws, `_mc_se` fields in results.json).", "",
+             f"({cfg['spg_draws']} Monte-Carlo draws, `_mc_se` fields in results.json)."
+             + (f" The rows of {', '.join(doc['supplemented'])} were added to the stored results by `--supplement` "
+                "(every model rebuilt; its J, ‖g*‖² and ‖∇J‖² per sampler equal the stored ones bit for bit; "
+                "the other rows kept; a full run computes the same rows: tests/test_estimator_paths.py)."
+                if doc.get("supplemented") else ""), "",
              f"Testbed: tiny {' and '.join(FAMILY_NAMES[f] for f in cfg.get('families', ['llada']))} "
              f"(d_model {t['d_model']}, {t['n_layers']} layer), V_c = {t['vocab']} tokens, "
              f"prompt length {t['prompt_len']}, L = {t['gen_length']}, {t['num_prompts']} prompts; seeds "

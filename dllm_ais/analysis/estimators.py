@@ -100,7 +100,12 @@ def impossible_budgets(L: int, budgets: tuple[int, ...]) -> dict[str, str]:
             "trajectory": f"one row per sampler step that commits: L = {L} under LLaDA's low-confidence rule (fewer "
                           "expected steps under the threshold rule; Dream's schedule commits nothing at its first "
                           f"step: {L - 1} rows); more rows than steps do not exist",
-            "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence"}
+            "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence",
+            "mdpo": f"K of the rollout's canvases that commit (at most its steps, ≤ L = {L}): K > L scores every "
+                    "canvas, as K = L; rows = min(K, the path's committing steps) (Dream: its first step commits "
+                    "nothing)",
+            "dtreerpo": f"s segments of the path's T steps (T = L = {L} for the fixed schedules; the threshold rule's "
+                        "paths have fewer): s > T cuts as s = T; rows = the segments that commit a token"}
 
 
 def signed_moments(probs: torch.Tensor, values: torch.Tensor, G: int):
@@ -252,9 +257,78 @@ def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int,
             mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, tbc.mask_id, thr, merge)
             budget = L if merge == 1 else -(-L // merge)
             res[name] = {str(budget): closed_forms(mom, feats, tg, L, cfg.G, cfg.N)}
+        res.update(recorded_rows(family, sp, logits, feats, tg, cfg, rule))
         out[rule] = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),
                      "grad_j_norm_sq": float(tg.grad_j @ tg.grad_j), "estimators": res}
     return out
+
+
+def recorded_canvas_moments(family: str, sp: D.Space, logits: torch.Tensor, cfg: EstimatorsConfig, rule: str
+                            ) -> dict[tuple[str, int], D.Moments]:
+    """MDPO with K canvases and d-TreeRPO with s segments (K, s: the budgets up to L, and L — every canvas, every
+    step its own segment; the rollout has no more steps) over the sampler's paths (estimator_paths.py); {} for a
+    family without its paths."""
+    from dllm_ais.analysis.estimator_paths import dtreerpo_path_moments, mdpo_path_moments
+
+    fam, tbc = EXACT_FAMILIES[family], cfg.testbed
+    if fam.path_sets is None:
+        return {}
+    thr = cfg.threshold if rule == "threshold" else None
+    sets = fam.path_sets(logits, tbc.vocab, rule, tbc.mask_id, thr)
+    out = {}
+    settings = sorted({k for k in cfg.budgets if k <= tbc.gen_length} | {tbc.gen_length})
+    for K in settings:
+        out[("mdpo", K)] = D.recorded_moments(sets, sp, lambda ps, K=K: mdpo_path_moments(ps, sp, K))
+    for s in settings:
+        out[("dtreerpo", s)] = D.recorded_moments(sets, sp, lambda ps, s=s: dtreerpo_path_moments(ps, sp, s))
+    return out
+
+
+def recorded_rows(family: str, sp: D.Space, logits, feats: Features, tg: Target, cfg: EstimatorsConfig,
+                  rule: str) -> dict[str, dict[str, dict]]:
+    """{mdpo / dtreerpo: {setting: figures}} of one sampler on one model (`recorded_canvas_moments`)."""
+    res: dict[str, dict] = {}
+    for (name, K), mom in recorded_canvas_moments(family, sp, logits, cfg, rule).items():
+        res.setdefault(name, {})[str(K)] = closed_forms(mom, feats, tg, cfg.testbed.gen_length, cfg.G, cfg.N)
+    return res
+
+
+def supplement_recorded(doc: dict, cfg: EstimatorsConfig, log=print) -> dict:
+    """A stored results document with MDPO's and d-TreeRPO's rows added (they joined after it was computed): every
+    model rebuilt as `run` builds it, and its J, ‖g*‖² and ‖∇J‖² per sampler must equal the stored ones bit for bit
+    (the same models, prompts and targets; else a ValueError: rerun instead). Only the new rows are computed (the
+    feature gradients, the targets and their closed forms); the stored rows are kept as they are."""
+    stored_cfg = json.loads(json.dumps(asdict(cfg)))
+    if doc["config"] != stored_cfg:
+        raise ValueError("the stored results were computed with another EstimatorsConfig: rerun instead.")
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    tbc = cfg.testbed
+    sp = D.Space(tbc.prompt_len, tbc.gen_length)
+    for family in cfg.families:
+        for seed in cfg.seeds:
+            t = tb.TestbedConfig(**{**asdict(tbc), "seed": seed})
+            model = MAKE[family](t)
+            states = tb.sft_checkpoints(model, t, cfg.checkpoints, family=family, lr=cfg.sft_lr)
+            prompts = tb.draw_prompts(t)
+            for ck in cfg.checkpoints:
+                model.load_state_dict(states[ck])
+                model.eval()
+                feats = feature_gradients(model, prompts, t.vocab, t.gen_length)
+                with torch.no_grad():
+                    logits = canvas_logits(logits_view(model), prompts, canvas_table(t.vocab, t.gen_length), t.mask_id)
+                for rule in RULES[family]:
+                    tg = target(model, prompts, logits, cfg, rule, family)
+                    old = doc["per_model"][model_key(family, seed, ck)][rule]
+                    now = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),
+                           "grad_j_norm_sq": float(tg.grad_j @ tg.grad_j)}
+                    if any(old[k] != v for k, v in now.items()):
+                        raise ValueError(f"{model_key(family, seed, ck)} {rule}: J / ‖g*‖² differ from the stored "
+                                         f"ones ({now} vs {[old[k] for k in now]}): rerun instead.")
+                    old["estimators"].update(recorded_rows(family, sp, logits, feats, tg, cfg, rule))
+                log(f"{family} seed {seed} checkpoint {ck}: {time.perf_counter() - t0:.0f} s")
+    doc["impossible_budgets"] = impossible_budgets(tbc.gen_length, cfg.budgets)
+    return doc
 
 
 def _replica_mean(figs: list[dict], draws_each: int) -> dict:
@@ -317,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/estimators/rung1",
                     help="output folder (results.json, README.md, figure)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of every code path (tiny settings)")
+    ap.add_argument("--supplement", action="store_true",
+                    help="add MDPO's and d-TreeRPO's rows to the folder's results.json (its models rebuilt; their J "
+                    "and ‖g*‖² must be the stored ones bit for bit; the stored rows kept) and rewrite the reports")
     ap.add_argument("--report-only", action="store_true",
                     help="re-summarise the folder's results.json (its per-model numbers are kept) and rewrite it, "
                     "README.md and the figure (no recomputation)")
@@ -327,6 +404,18 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads((Path(args.out) / "results.json").read_text())
         doc["summary"] = summarise(doc)
         write_outputs(doc, Path(args.out))
+        return 0
+    if args.supplement:
+        from dllm_ais.analysis.estimator_report import summarise
+
+        t0, load0 = time.perf_counter(), os.getloadavg()
+        doc = supplement_recorded(json.loads((Path(args.out) / "results.json").read_text()),
+                                  smoke_config() if args.smoke else EstimatorsConfig())
+        doc["supplemented"] = ["mdpo", "dtreerpo"]  # the README says how these rows came
+        doc["summary"] = summarise(doc)
+        write_outputs(doc, Path(args.out))
+        print(f"supplemented {args.out} in {time.perf_counter() - t0:.0f} s (load average {load0} -> "
+              f"{os.getloadavg()})")
         return 0
     doc = run(smoke_config() if args.smoke else EstimatorsConfig(), Path(args.out))
     t = doc["timing"]

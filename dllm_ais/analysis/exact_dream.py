@@ -20,7 +20,6 @@ selection term at the package's floor (LOG_ZERO: probability ≤ e^−30, an imp
 
 from __future__ import annotations
 
-import math
 from itertools import combinations, product
 
 import torch
@@ -101,62 +100,3 @@ def dream_distribution(logits: torch.Tensor, vocab: int, alg: str, mask_id: int)
     out = logits.new_zeros(n, vocab ** L)
     out[:, sequence_index(digits[full] - 1, vocab)] = prob[:, full]
     return out
-
-
-def trajectory(sp, logits: torch.Tensor, vocab: int, alg: str, mask_id: int, merge: int = 1):
-    """estimator_draws.trajectory for Dream's sampler: the commit-only trajectory likelihood's coefficient
-    moments over the paths given y (P(path | y) = P(path) / π(y)); a step that commits nothing has no term and
-    costs no row. merge = N: each run of N consecutive committing steps scored from the run's first canvas."""
-    from dllm_ais.analysis.estimator_draws import Moments, Node
-    from dllm_ais.analysis.exact_testbed import all_sequences
-
-    n, C, L, _ = logits.shape
-    table = []  # per step: {(parent, child): [n] probabilities} or None
-    with torch.no_grad():
-        for e in edges(logits, vocab, alg, mask_id):
-            table.append(None if e is None else {(int(p), int(c)): e[2][:, i].tolist()
-                                                 for i, (p, c) in enumerate(zip(e[0], e[1], strict=True))})
-    ks = schedule(L)
-    base = vocab + 1
-    ys = all_sequences(vocab, L).tolist()
-    Y = len(ys)
-    Q = len(sp.t)
-    means = torch.zeros(n * Y, Q, dtype=torch.float64)
-    seconds = torch.zeros(n * Y, Q, Q, dtype=torch.float64)
-    rows = torch.zeros(n * Y, dtype=torch.float64)
-    for x in range(n):
-        for yi, y in enumerate(ys):
-            paths = []
-
-            def walk(t, m, logp, steps, y=y, x=x, paths=paths):
-                if t == L:
-                    paths.append((logp, steps))
-                    return
-                if ks[t] == 0:
-                    return walk(t + 1, m, logp, steps)
-                c = sum((y[j] + 1) * base ** j for j in range(L) if not m >> j & 1)
-                for pos in combinations([j for j in range(L) if m >> j & 1], ks[t]):
-                    a = sum(1 << j for j in pos)
-                    lp = table[t][(c, c + sum((y[j] + 1) * base ** j for j in pos))][x]
-                    if math.isfinite(lp):
-                        walk(t + 1, m & ~a, logp + lp, steps + [(m, a)])
-
-            walk(0, sp.full, 0.0, [])
-            k = x * Y + yi
-            probs = torch.tensor([p for p, _ in paths], dtype=torch.float64).exp()
-            total = float(probs.sum())
-            for w, (_, steps) in zip((probs / total).tolist(), paths, strict=True):
-                terms = []
-                for r in range(0, len(steps), merge):
-                    run = 0
-                    for _, a in steps[r:r + merge]:
-                        run |= a
-                    terms += [((steps[r][0], j), 1.0) for j in range(L) if run >> j & 1]
-                v = sp.vec("T", terms)
-                means[k] += w * v
-                seconds[k] += w * torch.outer(v, v)
-                rows[k] += w * -(-len(steps) // merge)
-    mean = means[None].expand(2, -1, -1)
-    node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None],
-                torch.ones(1, 1, dtype=torch.float64))
-    return Moments("T", (node,), rows)

@@ -6,6 +6,8 @@
                                                                                      # committed in rung2/
     python -m dllm_ais.analysis.ladder --smoke --out /tmp/ladder                     # seconds (CI)
     python -m dllm_ais.analysis.ladder --report-only --out benchmarks/estimators    # the report from stored results
+    python -m dllm_ais.analysis.ladder --rungs 2 --lengths 8 --paths 4096 --supplement mdpo,dtreerpo \
+        --out benchmarks/estimators   # MDPO's and d-TreeRPO's rows added to the cached cells, on their own paths
 
 Rung 1 (exact, analysis/estimators.py): the enumerable tiny-LLaDA testbed, L = 4 -> <out>/rung1/.
 Rung 2 (Monte-Carlo ground truth, analysis/ladder_rung2.py): trained tiny LLaDA and Dream, L = 8-64 -> <out>/rung2/.
@@ -91,9 +93,9 @@ def run_rung1(out: Path, mode: str, log=print) -> None:
     log(f"rung 1: {doc['timing']['seconds']:.0f} s")
 
 
-def run_rung2(out: Path, cfg: R2.Rung2Config, models: Path, log=print) -> None:
+def run_rung2(out: Path, cfg: R2.Rung2Config, models: Path, log=print, supplement: tuple[str, ...] = ()) -> None:
     t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
-    doc = R2.run(cfg, models, log)
+    doc = R2.run(cfg, models, log, supplement)
     doc["timing"].update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
                          load_average_start=load0, load_average_end=os.getloadavg(), threads=1)
     timing = doc.pop("timing")
@@ -171,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(of 8, 16, 32, 64)")
     ap.add_argument("--paths", default=None, help="sampled paths per rung-2 cell: N at every length, or L:N,L:N per "
                     "length (default: ladder_rung2.Rung2Config.paths)")
+    ap.add_argument("--supplement", default="", help="comma list of rung-2 estimators (mdpo, dtreerpo) added to every "
+                    "cell on its own sampled paths; a cached cell is re-measured and must reproduce its numbers "
+                    "(mc_ground_truth.supplement_cell)")
     ap.add_argument("--models", default="runs/ladder", help="cache of rung 2's trained models (gitignored)")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
     args = ap.parse_args(argv)
@@ -187,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         if "2" in rungs:
             lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
             models = Path(args.models) if m != "smoke" else out / "models"
-            run_rung2(out, rung2_config(m, lengths, parse_paths(args.paths)), models)
+            names = tuple(x.strip() for x in args.supplement.split(",") if x.strip())
+            run_rung2(out, rung2_config(m, lengths, parse_paths(args.paths)), models, supplement=names)
     report(out)
     print(f"wrote {out}")
     return 0

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dllm_ais.analysis import ladder_models as LM
-from dllm_ais.analysis.mc_ground_truth import Bed, MCConfig, run_cell
+from dllm_ais.analysis.mc_ground_truth import Bed, MCConfig, measure_cell, supplement_cell
 
 LLADA_SAMPLERS = ("low_confidence", "low_confidence-blocks", "threshold")
 DREAM_SAMPLERS = ("entropy", "maskgit_plus")
@@ -120,33 +120,65 @@ def _cell_cache(cfg: Rung2Config, root: Path, cell: tuple) -> Path:
     return root / "cells" / f"{'-'.join(map(str, cell))}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}.json"
 
 
-def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print) -> dict:
+SUPPLEMENT_VERSION = 1
+"""Bumped whenever a supplement's computation changes (mc_estimators.RecordedCanvas, measure_cell's supplement)."""
+
+
+def _supplement_cache(cache: Path, names: tuple[str, ...]) -> Path:
+    """Where a cell's supplemented result is kept: beside the cell, named by the entries and SUPPLEMENT_VERSION."""
+    return cache.with_name(f"{cache.stem}+{'+'.join(names)}-v{SUPPLEMENT_VERSION}.json")
+
+
+def run(cfg: Rung2Config, root: Path = Path("runs/ladder"), log=print, supplement: tuple[str, ...] = ()) -> dict:
     """Measure every cell, training (or reusing) each model when its first cell comes; a finished cell is cached
-    under root/cells (an interrupted run resumes there): {"config", "cells": {name: result}, "timing"}."""
+    under root/cells (an interrupted run resumes there): {"config", "cells": {name: result}, "timing"}.
+
+    supplement: mc_estimators entries added to every cell on its own sampled paths (e.g. SUPPLEMENT_ESTIMATORS): a
+    cached cell is measured again with them and must reproduce its cached numbers (mc_ground_truth.supplement_cell).
+    It is kept out of the cells' cache keys and of `config` (so cached cells stay valid; each supplemented cell says
+    what was added in its `supplement` field) and cached beside the cell."""
     import json
 
+    from dllm_ais.analysis.mc_estimators import ESTIMATORS
     from dllm_ais.atomic import atomic_write_text
+
+    bad = [n for n in supplement if n not in ESTIMATORS or n in cfg.mc.estimators]
+    if bad:
+        raise ValueError(f"supplement {bad}: name mc_estimators entries ({', '.join(ESTIMATORS)}) that the cells do "
+                         "not measure already (MCConfig.estimators).")
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     t_models, models, out = 0.0, {}, {}
+    def write(path: Path, res: dict) -> dict:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(res, sort_keys=True, default=float))
+        return json.loads(path.read_text())  # the same values whether computed now or read back
+
     for cell in cells(cfg):
         f, c, L, s = cell
         cache = _cell_cache(cfg, root, cell)
-        if cache.is_file():
-            res = json.loads(cache.read_text())
+        sup_cache = _supplement_cache(cache, supplement) if supplement else None
+        done = sup_cache or cache  # the result this run wants
+        if done.is_file():
+            res = json.loads(done.read_text())
             out[res["cell"]] = res
-            log(f"{res['cell']}: cached ({cache})")
+            log(f"{res['cell']}: cached ({done})")
             continue
         if (f, L) not in models:
             t1 = time.perf_counter()
             models[(f, L)] = LM.checkpoints(f, L, cfg.models, root, log)
             t_models += time.perf_counter() - t1
         bed = digits_bed(f, c, L, s, cfg, models[(f, L)][c])
-        res = run_cell(bed, replace(cfg.mc, units=cfg.units(L)), log)
+        mc = replace(cfg.mc, units=cfg.units(L))
+        if cache.is_file():  # cached without the supplement: measured again on the same paths, checked
+            res = write(sup_cache, supplement_cell(bed, mc, json.loads(cache.read_text()), supplement, log))
+            out[bed.name] = res
+            continue
+        res, sup = measure_cell(bed, mc, supplement, log)
         res["model"] = {"family": f, "checkpoint": c, "sampler": s, "train": LM.train_info(models[(f, L)][c])}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cache, json.dumps(res, sort_keys=True, default=float))
-        out[bed.name] = json.loads(cache.read_text())  # the same values whether computed now or read back
+        out[bed.name] = write(cache, res)
+        if sup is not None:
+            out[bed.name] = write(sup_cache, {**sup, "model": res["model"]})
     return {"config": asdict(cfg), "cells": out,
             "timing": {"models_seconds": t_models, "cells_seconds": time.perf_counter() - t0 - t_models}}

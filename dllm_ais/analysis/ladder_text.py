@@ -127,6 +127,11 @@ def readme(rungs: dict[str, dict], docs: dict, table: list[str]) -> str:
                 if _best(rungs["rung 1"], str(b)) and _best(rungs["rung 2"], str(b))
                 and _best(rungs["rung 1"], str(b)) != _best(rungs["rung 2"], str(b))]
         lines += diff or ["- nowhere: the same estimators lead at every budget both rungs cover."]
+        missing = sorted({k for ctx in rungs["rung 1"].values() for c in ctx.values() for k in c["ranks"]}
+                         - {k for ctx in rungs["rung 2"].values() for c in ctx.values() for k in c["ranks"]})
+        if missing:
+            lines.append(f"- not measured in rung 2's cells (a disagreement there is no evidence): "
+                         f"{', '.join(missing)}.")
     if "rung2" in docs:
         lines += ["", "![MSE vs L](mse_vs_L.png)", "",
                   "Rung 2's MSE relative to ‖g*‖² against the completion length, each estimator at its best setting "

@@ -9,9 +9,11 @@ likelihood/policy.py for the mask-draw likelihoods, `draw_prompt_mask` for d1's 
 `merge_commit_steps` for the trajectory replays; the scoring is the package's (`token_terms`, `spg_sequence_logp`,
 the proposal log-probability) on logits recorded through the `HeadTap`.
 
-Adding a likelihood (e.g. `mdpo`, `dtreerpo`) is one entry: an object with `variants(L, budgets)` (the settings to
-measure, by their nominal forward rows) and `gradients(batch, variant, generator)` -> ([units, D], [B] rows), built
-from `score_rows` (any canvases and per-token weights) or `score_draw` (a `PolicyDraw`).
+Adding a likelihood is one entry: an object with `variants(L, budgets)` (the settings to measure, by their nominal
+forward rows) and `gradients(batch, variant, generator)` -> ([units, D], [B] rows), built from `score_rows` (any
+canvases and per-token weights) or `score_draw` (a `PolicyDraw`). `mdpo` and `dtreerpo` (`RecordedCanvas`) came
+after cells were cached: they are not in `BASE_ESTIMATORS` (the default a cell's cache key holds) but in
+`SUPPLEMENT_ESTIMATORS`, measured on a cached cell's own paths (mc_ground_truth.supplement_cell).
 """
 
 from __future__ import annotations
@@ -123,17 +125,21 @@ def score_rows(bt: Batch, rows_b: torch.Tensor, ids: torch.Tensor,
 
 def score_draw(bt: Batch, draw: PolicyDraw, seq_value: Callable | None = None, scale: float = 1.0
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A mask draw scored as likelihood/mask_draws.draw_logprobs scores it (post-EOS shown as masks, never scored):
-    one row per (sequence, draw) with a non-empty mask. seq_value(draw, lp [B, K, L]) -> [B] (default: the sum of
-    `token_terms`), times `scale`. -> ([units, D], rows per sequence [B])."""
+    """A mask draw scored as likelihood/mask_draws.draw_logprobs scores it (post-EOS shown as masks, never scored;
+    a draw with `hidden` shows its recorded canvases): one row per (sequence, draw) with a non-empty mask.
+    seq_value(draw, lp [B, K, L]) -> [B] (default: the sum of `token_terms`), times `scale`. -> ([units, D], rows
+    per sequence [B])."""
     r = bt.rollout
     B, K, L = draw.mask.shape
     P = r.prompt_ids.shape[1]
-    x, _ = canvas(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, bt.mask_id, mask_tail=True)
+    recorded = draw.hidden is not None
+    x, _ = canvas(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, bt.mask_id,
+                  mask_tail=not recorded)
     active = draw.mask.any(-1)  # [B, K]
     rb, rk = active.nonzero(as_tuple=True)
     ids = x[rb].clone()
-    ids[:, P:] = torch.where(draw.mask[rb, rk], bt.mask_id, ids[:, P:])
+    shown_masked = draw.hidden[rb, rk] if recorded else draw.mask[rb, rk]
+    ids[:, P:] = torch.where(shown_masked, bt.mask_id, ids[:, P:])
     if draw.prompt_masked is not None:
         pm = draw.prompt_masked[rb, rk] & r.prompt_mask.bool()[rb]
         ids[:, :P] = torch.where(pm, bt.mask_id, ids[:, :P])
@@ -255,9 +261,43 @@ class Trajectory:
         return score_rows(bt, b, ids, value), rows
 
 
+class RecordedCanvas:
+    """MDPO and d-TreeRPO (likelihood/mdpo.py, dtreerpo.py): the rollout's own recorded canvases, drawn by the
+    package (MDPO: policy.MDPOLikelihood.draw_rollout, confidence from the sampler's logp_rollout; d-TreeRPO:
+    `draw_dtreerpo` with each sequence's own T, estimator_paths.draw_dtreerpo_own_steps — the path-only setting rung
+    1 measures), scored with the canvases shown as recorded. MDPO at K of the candidate canvases (K < L) and at
+    every canvas (setting 0, while L fits the largest budget); d-TreeRPO at s segments (s <= L)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def variants(self, L: int, budgets) -> list[Variant]:
+        if self.name == "dtreerpo":
+            return [Variant("dtreerpo", "dtreerpo", s) for s in budgets if s <= L]
+        out = [Variant("mdpo", "mdpo", K) for K in budgets if K < L]
+        return out + ([Variant("mdpo", "mdpo", 0)] if L <= max(budgets) else [])
+
+    def gradients(self, bt: Batch, v: Variant, g: torch.Generator):
+        if self.name == "dtreerpo":
+            from dllm_ais.analysis.estimator_paths import draw_dtreerpo_own_steps
+
+            return score_draw(bt, draw_dtreerpo_own_steps(bt.rollout.commit_step, bt.counted, v.setting))
+        from dllm_ais.likelihood.policy import policy_likelihood
+
+        L = bt.rollout.completion_ids.shape[1]
+        lik = policy_likelihood("mdpo", PolicyLikelihoodConfig(mdpo_steps=v.setting or L))
+        return score_draw(bt, lik.draw_rollout(bt.rollout, g))
+
+
 ESTIMATORS: dict[str, object] = {"one_step": OneStep(), "elbo": MaskDraw("elbo"), "coupled": MaskDraw("coupled"),
-                                 "spg": MaskDraw("spg"), "trajectory": Trajectory()}
+                                 "spg": MaskDraw("spg"), "trajectory": Trajectory(), "mdpo": RecordedCanvas("mdpo"),
+                                 "dtreerpo": RecordedCanvas("dtreerpo")}
 """`--policy-logprob` name -> its rung-2 entry (dllm_ais.config.POLICY_LOGPROBS)."""
+
+BASE_ESTIMATORS = ("one_step", "elbo", "coupled", "spg", "trajectory")
+"""The entries a cell measures by default (MCConfig.estimators; part of every cached cell's key, so it stays)."""
+SUPPLEMENT_ESTIMATORS = ("mdpo", "dtreerpo")
+"""The entries added to cached cells on the same sampled paths (mc_ground_truth.measure_cell's `supplement`)."""
 
 
 def all_variants(names, L: int, budgets) -> list[Variant]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_ais.analysis import mc_stats
-from dllm_ais.analysis.mc_estimators import ESTIMATORS, Batch, Variant, all_variants, per_unit
+from dllm_ais.analysis.mc_estimators import BASE_ESTIMATORS, ESTIMATORS, Batch, Variant, all_variants, per_unit
 from dllm_ais.analysis.mc_head import HeadTap, head_size
 from dllm_ais.analysis.mc_paths import sample_paths
 from dllm_ais.rl.advantages import group_advantages
@@ -40,8 +40,9 @@ class MCConfig:
     """Group size."""
     budgets: tuple[int, ...] = (1, 2, 4, 8, 16)
     """Forward rows per completion compared (each estimator at its settings with these nominal rows)."""
-    estimators: tuple[str, ...] = tuple(ESTIMATORS)
-    """Registry entries measured (mc_estimators.ESTIMATORS)."""
+    estimators: tuple[str, ...] = BASE_ESTIMATORS
+    """Registry entries measured (mc_estimators.ESTIMATORS; the default, BASE_ESTIMATORS, is what the cached cells
+    hold: a new entry joins them as a supplement, `measure_cell`, not here)."""
     blocks: int = 16
     """Jackknife blocks."""
     control_variate: bool = True
@@ -91,17 +92,33 @@ def key(v: Variant) -> str:
     return f"{v.label}:{v.setting or 'all'}"
 
 
+SUPPLEMENT_SEED = 1_000_003
+"""The supplement's estimator generator is seeded SUPPLEMENT_SEED + MCConfig.seed (apart from the cell's three)."""
+TIMING = ("seconds", "cpu_seconds", "seconds_by_part")
+"""A cell result's machine-dependent fields."""
+
+
 def run_cell(bed: Bed, cfg: MCConfig, log=print) -> dict:
     """Sample cfg.units GRPO batches, accumulate the target and every estimator, and summarise (module doc)."""
+    return measure_cell(bed, cfg, (), log)[0]
+
+
+def measure_cell(bed: Bed, cfg: MCConfig, supplement: tuple[str, ...] = (), log=print) -> tuple[dict, dict | None]:
+    """(the cell's result, the result with the `supplement` entries added or None). The supplement's estimators
+    draw from a generator of their own (SUPPLEMENT_SEED + seed) after the cell's own in every batch, so the paths,
+    the target and every base estimator are exactly those of `run_cell`; the supplemented result adds their rows
+    and ranks every estimator together (both results carry this pass's timing)."""
     t0, c0 = time.perf_counter(), time.process_time()
     L, N, G = bed.L, cfg.N, cfg.G
     tap = HeadTap(bed.model)
     D = head_size(bed.model)
     sums = mc_stats.Sums(cfg.blocks, D)
     variants = all_variants(cfg.estimators, L, cfg.budgets)
+    extra = all_variants(supplement, L, cfg.budgets)
     g_prompt, g_sample, g_est = (torch.Generator().manual_seed(cfg.seed * 3 + i) for i in range(3))
+    streams = [(variants, g_est), (extra, torch.Generator().manual_seed(SUPPLEMENT_SEED + cfg.seed))]
     per_batch = max(1, cfg.batch_elements // (N * L * D))  # units per sampling batch
-    done, reward_sum, seconds = 0, 0.0, {"sample": 0.0, **{key(v): 0.0 for v in variants}}
+    done, reward_sum, seconds = 0, 0.0, {"sample": 0.0, **{key(v): 0.0 for v in variants + extra}}
     while done < cfg.units:
         nb = min(per_batch, cfg.units - done)
         B = nb * N
@@ -120,21 +137,46 @@ def run_cell(bed: Bed, cfg: MCConfig, log=print) -> dict:
         block = (done + torch.arange(nb)) % cfg.blocks
         sums.add_target(block, t, u)
         seconds["sample"] += time.perf_counter() - t1
-        for v in variants:
-            t1 = time.perf_counter()
-            a, rows = ESTIMATORS[v.name].gradients(bt, v, g_est)
-            sums.add(key(v), block, a, t, u, rows, block[bt.unit])
-            seconds[key(v)] += time.perf_counter() - t1
+        for vs, g in streams:
+            for v in vs:
+                t1 = time.perf_counter()
+                a, rows = ESTIMATORS[v.name].gradients(bt, v, g)
+                sums.add(key(v), block, a, t, u, rows, block[bt.unit])
+                seconds[key(v)] += time.perf_counter() - t1
         done += nb
-    out = mc_stats.summary(sums, cfg.control_variate)
-    out["rankings"] = rankings(sums, out, variants, cfg)
-    out.update({"cell": bed.name, "L": L, "units": done, "paths": done * N, "J": reward_sum / (done * N),
-                "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
-                "seconds_by_part": seconds,
-                "variants": {key(v): {"name": v.name, "label": v.label, "setting": v.setting} for v in variants}})
-    log(f"{bed.name}: {done * N} paths in {out['seconds']:.0f} s (sampling {seconds['sample']:.0f} s), J = "
-        f"{out['J']:.3f}, target MC error {out['target']['mc_rel_error']['value']:.3f}")
-    return out
+    full = mc_stats.summary(sums, cfg.control_variate)
+    info = {"cell": bed.name, "L": L, "units": done, "paths": done * N, "J": reward_sum / (done * N),
+            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0, "seconds_by_part": seconds}
+    base = {**full, "estimators": {key(v): full["estimators"][key(v)] for v in variants}}
+    base["rankings"] = rankings(sums, base, variants, cfg)
+    base.update(info, variants={key(v): {"name": v.name, "label": v.label, "setting": v.setting} for v in variants})
+    sup = None
+    if supplement:
+        sup = {**full, "rankings": rankings(sums, full, variants + extra, cfg), **info,
+               "variants": {key(v): {"name": v.name, "label": v.label, "setting": v.setting}
+                            for v in variants + extra},
+               "supplement": {"estimators": list(supplement), "seed": SUPPLEMENT_SEED + cfg.seed}}
+    log(f"{bed.name}: {done * N} paths in {info['seconds']:.0f} s (sampling {seconds['sample']:.0f} s), J = "
+        f"{base['J']:.3f}, target MC error {base['target']['mc_rel_error']['value']:.3f}")
+    return base, sup
+
+
+def supplement_cell(bed: Bed, cfg: MCConfig, cached: dict, supplement: tuple[str, ...], log=print) -> dict:
+    """A cached cell result (`run_cell`'s, as stored) with the `supplement` entries' rows added, measured on the
+    same paths: the cell is measured again with the supplement (`measure_cell`), and its base result must equal
+    `cached` exactly outside TIMING and `model` (the same paths, target and estimator rows, checked through the
+    same JSON round trip as the cache) — otherwise the code or the config changed since the cell was cached and a
+    ValueError says so. Returns the supplemented result with `cached`'s `model`."""
+    import json
+
+    base, sup = measure_cell(bed, cfg, supplement, log)
+    same = lambda d: {k: v for k, v in json.loads(json.dumps(d, sort_keys=True, default=float)).items()  # noqa: E731
+                      if k not in TIMING and k != "model"}
+    if same(base) != same(cached):
+        diff = sorted(k for k in same(base).keys() | same(cached).keys() if same(base).get(k) != same(cached).get(k))
+        raise ValueError(f"{bed.name}: re-measuring the cached cell gave other numbers ({', '.join(diff)}): the "
+                         "code or the config changed since it was cached; rerun the cell instead of supplementing.")
+    return {**sup, "model": cached.get("model")}
 
 
 def rankings(sums: mc_stats.Sums, summ: dict, variants: list[Variant], cfg: MCConfig) -> dict:

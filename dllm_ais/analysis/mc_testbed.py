@@ -83,5 +83,8 @@ def exact_head_figures(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, ru
     for label, merge in (("trajectory", 1), ("trajectory-merge2", 2)):
         mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, t.mask_id, thr, merge)
         out[f"{label}:{'all' if merge == 1 else merge}"] = E.closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
+    for (name, K), mom in E.recorded_canvas_moments(family, sp, logits, cfg, rule).items():
+        setting = "all" if name == "mdpo" and K == L else K  # MDPO with K = L scores every canvas
+        out[f"{name}:{setting}"] = E.closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
     out["_target"] = {"norm_sq": float(tg.g_star @ tg.g_star), "J": tg.J}
     return out
