@@ -4,7 +4,8 @@ coefficient moments. Chosen once by `EXACT_FAMILIES[name]` (no branch on a famil
 
 LLaDA: the low-confidence remasking rule and Fast-dLLM's confidence threshold (one block, steps = L;
 analysis/exact_sampler.py, estimator_draws.trajectory). Dream: the uncached `diffusion_generate` with its entropy and
-maskgit_plus rules (analysis/exact_dream.py).
+maskgit_plus rules (analysis/exact_dream.py). SDAR: block diffusion (blocks of 2) with its static and dynamic
+strategies, and its own estimators in place of the full-attention mask draws (analysis/exact_sdar.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ class ExactFamily:
     """(logits [n, C, L, V], vocab, rule, mask_id, threshold) -> π [n, V^L] (differentiable)."""
     trajectory: Callable
     """(Space, logits, π, vocab, rule, mask_id, threshold, merge) -> estimator_draws.Moments."""
+    threshold_rules: tuple[str, ...] = ("threshold",)
+    """Its rules that read EstimatorsConfig.threshold."""
+    own_moments: Callable | None = None
+    """(Space, budgets) -> {(name, setting): Moments}: the family's own model-independent estimators, measured
+    instead of the full-attention mask draws and SPG (None: those)."""
+    trajectory_rows: Callable = lambda L, merge: -(-L // merge)
+    """(L, merge) -> the nominal rows of the trajectory likelihood (its results key; measured rows are separate)."""
 
 
 def _llada_distribution(logits, vocab, rule, mask_id, threshold):
@@ -55,9 +63,35 @@ def _dream_trajectory(sp, logits, pi, vocab, rule, mask_id, threshold, merge):
     return trajectory(sp, logits, vocab, rule, mask_id, merge)
 
 
+def _sdar_distribution(logits, vocab, rule, mask_id, threshold):
+    from dllm_ais.analysis.exact_sdar import sdar_distribution
+
+    return sdar_distribution(logits, vocab, rule, mask_id, threshold)
+
+
+def _sdar_trajectory(sp, logits, pi, vocab, rule, mask_id, threshold, merge):
+    from dllm_ais.analysis.exact_sdar import trajectory
+
+    return trajectory(sp, logits, vocab, rule, mask_id, threshold, merge)
+
+
+def _sdar_moments(sp, budgets):
+    from dllm_ais.analysis.exact_sdar import own_moments
+
+    return own_moments(sp, budgets)
+
+
+def _sdar_rows(L, merge):
+    from dllm_ais.analysis.exact_testbed import SDAR_BLOCK
+
+    return -(-SDAR_BLOCK // merge)  # two-stream replays: local steps of a block (steps = L: SDAR_BLOCK per block)
+
+
 EXACT_FAMILIES = {
     "llada": ExactFamily("LLaDA", ("low_confidence", "threshold"), "", _llada_distribution, _llada_trajectory),
     "dream": ExactFamily("Dream", ("entropy", "maskgit_plus"), "dream/", _dream_distribution, _dream_trajectory),
+    "sdar": ExactFamily("SDAR", ("low_confidence_static", "low_confidence_dynamic"), "sdar/", _sdar_distribution,
+                        _sdar_trajectory, ("low_confidence_dynamic",), _sdar_moments, _sdar_rows),
 }
 """Rung 1's families by name."""
 
