@@ -63,12 +63,18 @@ def status(docs: dict) -> list[str]:
     return out
 
 
+def _names(families: list[str]) -> str:
+    """'LLaDA and Dream', 'LLaDA, Dream and SDAR'."""
+    names = [{"llada": "LLaDA", "dream": "Dream", "sdar": "SDAR"}[f] for f in families]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def scale(rung: str, docs: dict) -> str:
     """At which scale a rung's answer holds, from its stored config."""
     if rung == "rung 1":
         c = docs["rung1"]["config"]
         t = c["testbed"]
-        fams = " and ".join({"llada": "LLaDA", "dream": "Dream"}[f] for f in c.get("families", ["llada"]))
+        fams = _names(c.get("families", ["llada"]))
         return (f"exact enumeration: tiny {fams} ({t['n_layers']} layer, d_model {t['d_model']}), V_c = {t['vocab']}, "
                 f"L = {t['gen_length']}, {t['num_prompts']} prompts; {len(c['seeds'])} seeds × checkpoints "
                 f"{c['checkpoints']} (SFT steps); every parameter")
@@ -78,7 +84,8 @@ def scale(rung: str, docs: dict) -> str:
         Ls = sorted({L for _, _, ls in c["grid"] for L in ls})
         cells = "; ".join(f"{f} {s} L = {', '.join(map(str, ls))}" for f, s, ls in c["grid"])
         paths = ", ".join(f"{p} at L = {L}" for L, p in c["paths"] if L in Ls)
-        return (f"Monte Carlo: tiny LLaDA and Dream ({m['n_layers']} layers, width {m['d_model']}) trained on digits "
+        fams = _names(list(dict.fromkeys(f for f, _, _ in c["grid"])))
+        return (f"Monte Carlo: tiny {fams} ({m['n_layers']} layers, width {m['d_model']}) trained on digits "
                 f"(SFT to reward {m['sft_target']}, then {m['rl_steps']} GRPO steps), L = "
                 f"{'–'.join(map(str, sorted({Ls[0], Ls[-1]})))}; {cells}; "
                 f"paths per cell {paths}; the LM head's coordinates of the gradient")
