@@ -48,3 +48,24 @@ def test_sdar_cell_end_to_end(tmp_path):
     assert abs(sel["value"]) <= max(sel["half"], 1e-6)
     info = cell["model"]["train"]
     assert info["family"] == "sdar" and len(info["rl_rewards"]) == 1
+
+
+def test_merge_keeps_stored_cells_and_refuses_conflicts():
+    """ladder_merge: the stored cells stay, the added ones join, the grid is the union in GRID's order; a run with
+    other settings or a differing copy of a stored cell is refused."""
+    import pytest
+
+    from dllm_ais.analysis.ladder_merge import merge_docs
+
+    base = {"config": {"grid": [["llada", "threshold", [8]], ["dream", "entropy", [8, 16]]], "paths": [[8, 4096]]},
+            "cells": {"llada/rl/L8/threshold": {"J": 0.5}}}
+    add = {"config": {"grid": [["sdar", "low_confidence_dynamic", [8]], ["llada", "threshold", [16]]],
+                      "paths": [[8, 4096]]}, "cells": {"sdar/rl/L8/low_confidence_dynamic": {"J": 0.25}}}
+    doc = merge_docs(base, add)
+    assert doc["config"]["grid"] == [["llada", "threshold", [8, 16]], ["dream", "entropy", [8, 16]],
+                                     ["sdar", "low_confidence_dynamic", [8]]]
+    assert doc["cells"] == {**base["cells"], **add["cells"]}
+    with pytest.raises(ValueError, match="paths"):
+        merge_docs(base, {**add, "config": {**add["config"], "paths": [[8, 1024]]}})
+    with pytest.raises(ValueError, match="differs"):
+        merge_docs(base, {**add, "cells": {"llada/rl/L8/threshold": {"J": 0.4}}})
