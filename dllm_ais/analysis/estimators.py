@@ -101,8 +101,12 @@ def impossible_budgets(L: int, budgets: tuple[int, ...]) -> dict[str, str]:
                        f"{', '.join(map(str, budgets))} is reachable",
             "trajectory": f"one row per sampler step that commits: L = {L} under LLaDA's low-confidence rule (fewer "
                           "expected steps under the threshold rule; Dream's schedule commits nothing at its first "
-                          f"step: {L - 1} rows); more rows than steps do not exist",
-            "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence"}
+                          f"step: {L - 1} rows; SDAR's replay: one two-stream forward per local step of a block, 2 "
+                          "here); more rows than steps do not exist",
+            "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence (SDAR: one "
+                                 "two-stream forward per shrunk local step, 1 here)",
+            "one_step-block": "SDAR's one-step analogue: one two-stream forward (one row); no draw count",
+            "elbo-block": "SDAR's block-wise ELBO: K draws, one two-stream forward (row) each; every K exists"}
 
 
 def signed_moments(probs: torch.Tensor, values: torch.Tensor, G: int):
