@@ -100,6 +100,23 @@ def _best(contexts: dict, b: str) -> set[str]:
     return {k for k, a in agg.items() if a["best"] == top}
 
 
+def by_family(rungs: dict[str, dict]) -> list[str]:
+    """The answer table per model family (contexts are named family/...): a family's own estimators (SDAR's block
+    ELBO, its one-step analogue) never meet the others', so the pooled table above can hide its answer."""
+    fams = list(dict.fromkeys(k.split("/")[0] for r in rungs.values() for k in r))
+    if len(fams) < 2:
+        return []
+    out = ["", "The answer per family (each family's contexts only; same notation):", "",
+           "| forward rows per completion | family | " + " | ".join(rungs) + " |", "|---|---|" + "---|" * len(rungs)]
+    for b in BUDGETS:
+        for f in fams:
+            own = {r: {k: v for k, v in c.items() if k.split("/")[0] == f} for r, c in rungs.items()}
+            cells = [answer(aggregate(own[r], str(b))) for r in rungs]
+            if any(c != "—" for c in cells):
+                out.append(f"| ≤ {b} | {_names([f])} | " + " | ".join(cells) + " |")
+    return out
+
+
 def readme(rungs: dict[str, dict], docs: dict, table: list[str]) -> str:
     """The whole README text (deterministic: no timings; those are in rung2/timing.json)."""
     lines = ["# Which policy likelihood to train with — the evidence ladder (generated)", "",
@@ -124,6 +141,7 @@ def readme(rungs: dict[str, dict], docs: dict, table: list[str]) -> str:
               "each cell's Monte-Carlo error.", "",
               "Scale at which each rung holds:", ""]
     lines += [f"- **{r}**: {scale(r, docs)}." for r in rungs]
+    lines += by_family(rungs)
     if "rung 1" in rungs and "rung 2" in rungs:
         lines += ["", "Where the rungs disagree (the point-best estimators differ):", ""]
         diff = [f"- ≤ {b} rows: rung 1 {', '.join(sorted(_best(rungs['rung 1'], str(b))))}; rung 2 "
