@@ -5,7 +5,8 @@ coefficient moments and the sampler's paths as recorded rollouts (MDPO's and d-T
 
 LLaDA: the low-confidence remasking rule and Fast-dLLM's confidence threshold (one block, steps = L;
 analysis/exact_sampler.py, estimator_draws.trajectory). Dream: the uncached `diffusion_generate` with its entropy and
-maskgit_plus rules (analysis/exact_dream.py).
+maskgit_plus rules (analysis/exact_dream.py). SDAR: block diffusion (blocks of 2) with its static and dynamic
+strategies, and its own estimators in place of the full-attention mask draws (analysis/exact_sdar.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ class ExactFamily:
     path_sets: Callable | None = None
     """(logits, vocab, rule, mask_id, threshold) -> per completion its paths as recorded rollouts
     (estimator_paths.PathSet, None where π(y) = 0), what MDPO and d-TreeRPO score; None: no such rows."""
+    threshold_rules: tuple[str, ...] = ("threshold",)
+    """Its rules that read EstimatorsConfig.threshold."""
+    own_moments: Callable | None = None
+    """(Space, budgets) -> {(name, setting): Moments}: the family's own model-independent estimators, measured
+    instead of the full-attention mask draws and SPG (None: those)."""
+    trajectory_rows: Callable = lambda L, merge: -(-L // merge)
+    """(L, merge) -> the nominal rows of the trajectory likelihood (its results key; measured rows are separate)."""
 
 
 def _llada_distribution(logits, vocab, rule, mask_id, threshold):
@@ -76,11 +84,38 @@ def _dream_path_sets(logits, vocab, rule, mask_id, threshold):
     return path_sets(dream_paths(logits, vocab, rule, mask_id), logits, vocab, lambda z, y: proposal_logprob(z, y, dr))
 
 
+def _sdar_distribution(logits, vocab, rule, mask_id, threshold):
+    from dllm_ais.analysis.exact_sdar import sdar_distribution
+
+    return sdar_distribution(logits, vocab, rule, mask_id, threshold)
+
+
+def _sdar_trajectory(sp, logits, pi, vocab, rule, mask_id, threshold, merge):
+    from dllm_ais.analysis.exact_sdar import trajectory
+
+    return trajectory(sp, logits, vocab, rule, mask_id, threshold, merge)
+
+
+def _sdar_moments(sp, budgets):
+    from dllm_ais.analysis.exact_sdar import own_moments
+
+    return own_moments(sp, budgets)
+
+
+def _sdar_rows(L, merge):
+    from dllm_ais.analysis.exact_testbed import SDAR_BLOCK
+
+    return -(-SDAR_BLOCK // merge)  # two-stream replays: local steps of a block (steps = L: SDAR_BLOCK per block)
+
+
 EXACT_FAMILIES = {
     "llada": ExactFamily("LLaDA", ("low_confidence", "threshold"), "", _llada_distribution, _llada_trajectory,
                          path_sets=_llada_path_sets),
     "dream": ExactFamily("Dream", ("entropy", "maskgit_plus"), "dream/", _dream_distribution, _dream_trajectory,
                          path_sets=_dream_path_sets),
+    "sdar": ExactFamily("SDAR", ("low_confidence_static", "low_confidence_dynamic"), "sdar/", _sdar_distribution,
+                        _sdar_trajectory, threshold_rules=("low_confidence_dynamic",), own_moments=_sdar_moments,
+                        trajectory_rows=_sdar_rows),
 }
 """Rung 1's families by name."""
 

@@ -41,6 +41,19 @@ def rule_label(rule: str) -> str:
     return f"{FAMILY_NAMES[family]} {rule}"
 
 
+def _names(families: list[str]) -> str:
+    names = [FAMILY_NAMES[f] for f in families]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _sdar_note(cfg: dict) -> str:
+    """SDAR's testbed differences (analysis/exact_sdar.py), when it is measured."""
+    if "sdar" not in cfg.get("families", ()):
+        return ""
+    return ("; SDAR block-causal in blocks of 2 behind a one-token prefix, steps = L, its static and dynamic "
+            "(τ = threshold) strategies and its own estimators: analysis/exact_sdar.py")
+
+
 def summarise(doc: dict) -> dict:
     """{rule: {checkpoint: {"estimators": {name: {budget: {field: interval}}}, "winners": {budget: ...}}}}."""
     cfg = doc["config"]
@@ -132,8 +145,8 @@ def write_readme(doc: dict, path: Path) -> None:
                 "(every model rebuilt; its J, ‖g*‖² and ‖∇J‖² per sampler equal the stored ones bit for bit; "
                 "the other rows kept; a full run computes the same rows: tests/test_estimator_paths.py)."
                 if doc.get("supplemented") else ""), "",
-             f"Testbed: tiny {' and '.join(FAMILY_NAMES[f] for f in cfg.get('families', ['llada']))} "
-             f"(d_model {t['d_model']}, {t['n_layers']} layer), V_c = {t['vocab']} tokens, "
+             f"Testbed: tiny {_names(cfg.get('families', ['llada']))} "
+             f"(d_model {t['d_model']}, {t['n_layers']} layer{_sdar_note(cfg)}), V_c = {t['vocab']} tokens, "
              f"prompt length {t['prompt_len']}, L = {t['gen_length']}, {t['num_prompts']} prompts; seeds "
              f"{list(cfg['seeds'])}; checkpoints {list(cfg['checkpoints'])} (SFT steps, 0 = random init); "
              f"GRPO with group z-scores, G = {cfg['G']}, N = {cfg['N']}; threshold {cfg['threshold']}. "

@@ -39,7 +39,7 @@ from dllm_ais.analysis.exact_sampler import canvas_logits, canvas_table
 from dllm_ais.models.shift import logits_view
 from dllm_ais.rl.advantages import ADV_EPS
 
-MAKE = {"llada": tb.make_llada, "dream": tb.make_dream}
+MAKE = {"llada": tb.make_llada, "dream": tb.make_dream, "sdar": tb.make_sdar}
 """The testbed model of each family (the samplers per family: estimator_families.RULES)."""
 
 
@@ -50,8 +50,9 @@ class EstimatorsConfig:
     testbed: tb.TestbedConfig = tb.TestbedConfig(vocab=3, prompt_len=1, gen_length=4, num_prompts=3, d_model=32,
                                                  n_layers=1, n_heads=2, mlp=32)
     """Task and model (its seed is replaced by each of `seeds`)."""
-    families: tuple[str, ...] = ("llada", "dream")
-    """Model families of the testbed (same sizes; Dream with shifted logits and its own sampler)."""
+    families: tuple[str, ...] = ("llada", "dream", "sdar")
+    """Model families of the testbed (same sizes; Dream with shifted logits and its own sampler; SDAR block-causal in
+    blocks of 2 behind a one-token prefix, its own sampler and estimators: analysis/exact_sdar.py)."""
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     """Model seeds (weights, prompts, SFT batches)."""
     checkpoints: tuple[int, ...] = (0, 20)
@@ -83,11 +84,12 @@ class EstimatorsConfig:
 
 def smoke_config() -> EstimatorsConfig:
     """Seconds: vocabulary 2, L = 3, two seeds, few SPG draws; threshold 0.35 so the threshold rule commits in parallel
-    on this barely trained model."""
+    on this barely trained model. LLaDA and Dream only (SDAR's blocks of 2 need an even L: tests/test_exact_sdar.py
+    runs its rows)."""
     testbed = tb.TestbedConfig(vocab=2, prompt_len=1, gen_length=3, num_prompts=2, d_model=16, n_layers=1,
                                n_heads=2, mlp=16)
-    return EstimatorsConfig(testbed=testbed, seeds=(0, 1), checkpoints=(0, 5), budgets=(1, 2, 4), spg_draws=256,
-                            spg_replicas=4, threshold=0.35)
+    return EstimatorsConfig(testbed=testbed, families=("llada", "dream"), seeds=(0, 1), checkpoints=(0, 5),
+                            budgets=(1, 2, 4), spg_draws=256, spg_replicas=4, threshold=0.35)
 
 
 def impossible_budgets(L: int, budgets: tuple[int, ...]) -> dict[str, str]:
@@ -99,13 +101,17 @@ def impossible_budgets(L: int, budgets: tuple[int, ...]) -> dict[str, str]:
                        f"{', '.join(map(str, budgets))} is reachable",
             "trajectory": f"one row per sampler step that commits: L = {L} under LLaDA's low-confidence rule (fewer "
                           "expected steps under the threshold rule; Dream's schedule commits nothing at its first "
-                          f"step: {L - 1} rows); more rows than steps do not exist",
-            "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence",
+                          f"step: {L - 1} rows; SDAR's replay: one two-stream forward per local step of a block, 2 "
+                          "here); more rows than steps do not exist",
+            "trajectory-merge2": f"one row per run of 2 steps: L/2 = {L // 2} under low-confidence (SDAR: one "
+                                 "two-stream forward per shrunk local step, 1 here)",
             "mdpo": f"K of the rollout's canvases that commit (at most its steps, ≤ L = {L}): K > L scores every "
                     "canvas, as K = L; rows = min(K, the path's committing steps) (Dream: its first step commits "
                     "nothing)",
             "dtreerpo": f"s segments of the path's T steps (T = L = {L} for the fixed schedules; the threshold rule's "
-                        "paths have fewer): s > T cuts as s = T; rows = the segments that commit a token"}
+                        "paths have fewer): s > T cuts as s = T; rows = the segments that commit a token",
+            "one_step-block": "SDAR's one-step analogue: one two-stream forward (one row); no draw count",
+            "elbo-block": "SDAR's block-wise ELBO: K draws, one two-stream forward (row) each; every K exists"}
 
 
 def signed_moments(probs: torch.Tensor, values: torch.Tensor, G: int):
@@ -209,7 +215,7 @@ def mask_moments(cfg: EstimatorsConfig) -> dict[tuple[str, int], D.Moments]:
 def distribution_of(family: str, rule: str, cfg: EstimatorsConfig):
     """logits [n, C, L, V] of every canvas -> the sampler's π [n, Y] (differentiable)."""
     V, fam = cfg.testbed.vocab, EXACT_FAMILIES[family]
-    thr = cfg.threshold if rule == "threshold" else None
+    thr = cfg.threshold if rule in fam.threshold_rules else None
     return lambda logits: fam.distribution(logits, V, rule, cfg.testbed.mask_id, thr)
 
 
@@ -241,12 +247,15 @@ def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int,
     feats = feature_gradients(model, prompts, V, L)
     with torch.no_grad():
         logits = canvas_logits(logits_view(model), prompts, canvas_table(V, L), tbc.mask_id)
+    fam = EXACT_FAMILIES[family]
+    if fam.own_moments is not None:  # the family's own estimators instead of the full-attention mask draws
+        masks = fam.own_moments(sp, cfg.budgets)
     spg = {K: D.spg(sp, K, feats.logp_a, cfg.spg_draws, cfg.spg_replicas, cfg.seed + 1000 * seed + K)
-           for K in cfg.budgets}
+           for K in cfg.budgets} if fam.own_moments is None else {}
     out = {}
     for rule in RULES[family]:
         tg = target(model, prompts, logits, cfg, rule, family)
-        thr = cfg.threshold if rule == "threshold" else None
+        thr = cfg.threshold if rule in fam.threshold_rules else None
         res: dict[str, dict] = {}
         for (name, K), mom in masks.items():
             res.setdefault(name, {})[str(K)] = closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
@@ -254,8 +263,8 @@ def analyse_model(model, prompts, cfg: EstimatorsConfig, masks: dict, seed: int,
             figs = [closed_forms(m, feats, tg, L, cfg.G, cfg.N) for m in reps]
             res.setdefault("spg", {})[str(K)] = _replica_mean(figs, reps[0].mc_draws)
         for name, merge in (("trajectory", 1), ("trajectory-merge2", 2)):
-            mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, tbc.mask_id, thr, merge)
-            budget = L if merge == 1 else -(-L // merge)
+            mom = fam.trajectory(sp, logits, tg.pi, V, rule, tbc.mask_id, thr, merge)
+            budget = fam.trajectory_rows(L, merge)
             res[name] = {str(budget): closed_forms(mom, feats, tg, L, cfg.G, cfg.N)}
         res.update(recorded_rows(family, sp, logits, feats, tg, cfg, rule))
         out[rule] = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),

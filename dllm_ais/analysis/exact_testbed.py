@@ -115,6 +115,61 @@ def make_dream(cfg: TestbedConfig):
                             mask_token_id=cfg.mask_id, eos_token_id=0, pad_token_id=0, bos_token_id=0)
 
 
+SDAR_BLOCK = 2
+"""Block length of the tiny SDAR (L must be a multiple of it); its sampler runs steps = L, one commit per step."""
+
+
+class PrefixedSDAR(torch.nn.Module):
+    """The testbed's SDAR: one fixed content token (`prefix`, 0) before every prompt, so that [prefix, x] (P = 1)
+    fills SDAR's first block of 2 and the completion's blocks are whole blocks of the canvas (SDAR's blocks count
+    from column 0, generate.py:79-93). Every analysis call passes [n, P + L] rows and positions from P, as for LLaDA;
+    the prefix is added here and the positions moved by one. `inner` is the SDARModel (the sampler's model)."""
+
+    shifted_logits = False
+
+    def __init__(self, inner, prefix: int = 0):
+        super().__init__()
+        self.inner, self.prefix = inner, prefix
+
+    @property
+    def config(self):
+        return self.inner.config
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def with_prefix(self, ids: torch.Tensor) -> torch.Tensor:
+        """[n, P] prompts -> [n, 1 + P] (the sampler's prompts)."""
+        return torch.cat([ids.new_full((ids.shape[0], 1), self.prefix), ids], 1)
+
+    def forward(self, input_ids: torch.Tensor, positions=None, **kwargs):
+        if kwargs.get("attention_mask") is not None or kwargs.get("kv_cache") is not None:
+            raise ValueError("PrefixedSDAR takes whole unpadded canvases; sample with `.inner` and `with_prefix`.")
+        if isinstance(positions, slice):
+            positions = slice(None if positions.start is None else positions.start + 1,
+                              None if positions.stop is None else positions.stop + 1)
+        elif positions is not None:
+            positions = positions + 1
+        return self.inner(input_ids=self.with_prefix(input_ids), positions=positions)
+
+
+def make_sdar(cfg: TestbedConfig):
+    """The tiny SDAR over V_c + 1 tokens (the last is the mask; unshifted logits, block-causal attention in blocks of
+    SDAR_BLOCK), behind the one-token prefix of `PrefixedSDAR`, fp32, eval mode. Needs prompt_len = 1 (the prefix
+    and the prompt fill one block) and L a multiple of SDAR_BLOCK."""
+    from dllm_ais.models.sdar.tiny import tiny_sdar_model
+
+    if cfg.prompt_len + 1 != SDAR_BLOCK or cfg.gen_length % SDAR_BLOCK:
+        raise ValueError(f"the SDAR testbed needs prompt_len = {SDAR_BLOCK - 1} and gen_length a multiple of "
+                         f"{SDAR_BLOCK} (prompt_len={cfg.prompt_len}, gen_length={cfg.gen_length}).")
+    inner = tiny_sdar_model(seed=cfg.seed, vocab_size=cfg.vocab + 1, hidden_size=cfg.d_model,
+                            intermediate_size=cfg.mlp, num_hidden_layers=cfg.n_layers,
+                            num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
+                            head_dim=cfg.d_model // cfg.n_heads, max_position_embeddings=64, block_size=SDAR_BLOCK,
+                            mask_token_id=cfg.mask_id, eos_token_id=0, pad_token_id=0, bos_token_id=0)
+    return PrefixedSDAR(inner).eval()
+
+
 def make_qwen(cfg: TestbedConfig):
     """The tiny Qwen3 over the V_c content tokens only (no BOS: the prompt's first token starts the sequence)."""
     from dllm_ais.models.qwen.model import tiny_qwen
@@ -137,7 +192,15 @@ def _ar_sft_loss(model, prompts, targets, mask_id, g):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-SFT_LOSSES = {"llada": _diffusion_sft_loss, "dream": _diffusion_sft_loss, "qwen": _ar_sft_loss}
+def _sdar_sft_loss(model, prompts, targets, mask_id, g):
+    from dllm_ais.models.sdar.likelihood import sft_loss
+
+    x = model.with_prefix(prompts)
+    return sft_loss(model.inner, x, torch.ones_like(x, dtype=torch.bool), targets, mask_id, SDAR_BLOCK, g)
+
+
+SFT_LOSSES = {"llada": _diffusion_sft_loss, "dream": _diffusion_sft_loss, "qwen": _ar_sft_loss,
+              "sdar": _sdar_sft_loss}
 
 
 def sft_checkpoints(model, cfg: TestbedConfig, steps: tuple[int, ...], family: str = "llada", lr: float = 3e-3,

@@ -1,7 +1,7 @@
 """Which policy likelihood to train with — the evidence ladder (issue 40): one command, one table.
 
     python -m dllm_ais.analysis.ladder --out benchmarks/estimators                 # rungs 1 and 2, then the report
-    python -m dllm_ais.analysis.ladder --rungs 2 --quick --out /tmp/ladder          # about a minute
+    python -m dllm_ais.analysis.ladder --rungs 2 --quick --out /tmp/ladder          # a few minutes
     python -m dllm_ais.analysis.ladder --rungs 2 --lengths 8 --paths 4096 --out benchmarks/estimators  # the run
                                                                                      # committed in rung2/
     python -m dllm_ais.analysis.ladder --smoke --out /tmp/ladder                     # seconds (CI)
@@ -10,7 +10,8 @@
         --out benchmarks/estimators   # MDPO's and d-TreeRPO's rows added to the cached cells, on their own paths
 
 Rung 1 (exact, analysis/estimators.py): the enumerable tiny-LLaDA testbed, L = 4 -> <out>/rung1/.
-Rung 2 (Monte-Carlo ground truth, analysis/ladder_rung2.py): trained tiny LLaDA and Dream, L = 8-64 -> <out>/rung2/.
+Rung 2 (Monte-Carlo ground truth, analysis/ladder_rung2.py): trained tiny LLaDA, Dream and SDAR, L = 8-64 ->
+<out>/rung2/.
 Rung 3 (RL, pre-registered, study/estimators-rl-*.toml): learning curves per likelihood; run with
 `scripts/study_corrections.py --plan ...` (hours) and summarised here from <out>/rung3/ when present.
 The report (<out>/README.md, ladder.json, mse_vs_L.png) ranks the estimators per rung with intervals
@@ -49,17 +50,18 @@ def parse_paths(text: str | None) -> int | dict[int, int] | None:
     return out
 
 
-def rung2_config(mode: str, lengths: tuple[int, ...] = (), paths: int | dict[int, int] | None = None
-                 ) -> R2.Rung2Config:
+def rung2_config(mode: str, lengths: tuple[int, ...] = (), paths: int | dict[int, int] | None = None,
+                 families: tuple[str, ...] = ()) -> R2.Rung2Config:
     """The full, --quick or --smoke grid of rung 2 (module doc of ladder_rung2.py); the full grid restricted to
-    `lengths` (when given) with `paths` paths per cell (when given: one count, or a count per length — a length it
-    does not name keeps Rung2Config's)."""
+    `lengths` and `families` (when given) with `paths` paths per cell (when given: one count, or a count per length —
+    a length it does not name keeps Rung2Config's)."""
     if mode == "full":
         from dataclasses import replace
 
         cfg = R2.Rung2Config()
-        if lengths:
-            grid = tuple((f, s, tuple(L for L in ls if L in lengths)) for f, s, ls in cfg.grid)
+        if lengths or families:
+            grid = tuple((f, s, tuple(L for L in ls if not lengths or L in lengths)) for f, s, ls in cfg.grid
+                         if not families or f in families)
             cfg = replace(cfg, grid=tuple(g for g in grid if g[2]))
         if isinstance(paths, dict):
             unknown = set(paths) - dict(cfg.paths).keys()
@@ -70,12 +72,12 @@ def rung2_config(mode: str, lengths: tuple[int, ...] = (), paths: int | dict[int
         elif paths is not None:
             cfg = replace(cfg, paths=tuple((L, paths) for L, _ in cfg.paths))
         return cfg
-    if lengths or paths is not None:
-        raise SystemExit("--lengths / --paths shape the full grid of rung 2: drop --quick / --smoke.")
+    if lengths or paths is not None or families:
+        raise SystemExit("--lengths / --paths / --families shape the full grid of rung 2: drop --quick / --smoke.")
     if mode == "quick":
-        return R2.Rung2Config(grid=(("llada", "low_confidence", (8,)), ("dream", "entropy", (8,))),
-                              checkpoints=("rl",), mc=MCConfig(blocks=8, budgets=(1, 2, 4)), paths=((8, 1024),),
-                              prompts=32)
+        return R2.Rung2Config(grid=(("llada", "low_confidence", (8,)), ("dream", "entropy", (8,)),
+                                    ("sdar", "low_confidence_dynamic", (8,))), checkpoints=("rl",),
+                              mc=MCConfig(blocks=8, budgets=(1, 2, 4)), paths=((8, 1024),), prompts=32)
     return R2.Rung2Config(grid=(("llada", "low_confidence", (8,)), ("dream", "entropy", (8,))), checkpoints=("sft",),
                           mc=MCConfig(N=16, G=4, blocks=4, budgets=(1, 2)), paths=((8, 128),), prompts=8,
                           models=LM.LadderModelConfig(d_model=16, mlp=16, sft_max_steps=20, sft_chunk=10,
@@ -166,11 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rungs", default="1,2", help="comma list of rungs to run (1, 2); rung 3 is the study "
                     "script's (its summary in <out>/rung3 is read when present)")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="about a minute: rung 2 at L = 8 only, LLaDA "
-                      "low-confidence and Dream entropy after RL, 1,024 paths a cell")
+    mode.add_argument("--quick", action="store_true", help="a few minutes: rung 2 at L = 8 only, LLaDA "
+                      "low-confidence, Dream entropy and SDAR dynamic after RL, 1,024 paths a cell")
     mode.add_argument("--smoke", action="store_true", help="seconds: every code path at toy sizes")
     ap.add_argument("--lengths", default="", help="comma list: rung 2's full grid at these completion lengths only "
                     "(of 8, 16, 32, 64)")
+    ap.add_argument("--families", default="", help="comma list: rung 2's full grid for these families only (llada, "
+                    "dream, sdar); cells of other families are kept out of results.json (merge them with "
+                    "ladder_merge.py)")
     ap.add_argument("--paths", default=None, help="sampled paths per rung-2 cell: N at every length, or L:N,L:N per "
                     "length (default: ladder_rung2.Rung2Config.paths)")
     ap.add_argument("--supplement", default="", help="comma list of rung-2 estimators (mdpo, dtreerpo) added to every "
@@ -193,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
             models = Path(args.models) if m != "smoke" else out / "models"
             names = tuple(x.strip() for x in args.supplement.split(",") if x.strip())
-            run_rung2(out, rung2_config(m, lengths, parse_paths(args.paths)), models, supplement=names)
+            families = tuple(x.strip() for x in args.families.split(",") if x.strip())
+            run_rung2(out, rung2_config(m, lengths, parse_paths(args.paths), families), models, supplement=names)
     report(out)
     print(f"wrote {out}")
     return 0

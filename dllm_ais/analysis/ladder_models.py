@@ -1,16 +1,17 @@
-"""The trained models of the evidence ladder's rung 2 (issue 40): tiny LLaDA and Dream models trained on the digits
-task by the package's own SFT warm-up and GRPO trainer, one model per completion length L, two checkpoints each.
+"""The trained models of the evidence ladder's rung 2 (issue 40): tiny LLaDA, Dream and SDAR models trained on the
+digits task by the package's own SFT warm-up and GRPO trainer, one model per completion length L, two checkpoints each.
 
 Task: `digits` with op shift and L/2 digits (DigitsConfig.length = L/2), so a completion of L tokens is the L/2-digit
 answer, EOS, and EOS padding — LLaDA's fixed-length canvas, half answer, half padding, at every L. Prompts go in
 without the chat template (the raw "<digits>>" string: every forward of rung 2 pays for the prompt's tokens).
 Model: a 2-layer, width-`d_model` model of the family (LLaDA: models/tiny.tiny_model; Dream:
-tiny_dream_model) drawn from `seed`, saved as a checkpoint directory and loaded by the trainer like any --model.
+tiny_dream_model; SDAR: models/sdar/tiny.tiny_sdar_model, 2 KV heads) drawn from `seed`, saved as a checkpoint
+directory and loaded by the trainer like any --model.
 Checkpoints: `sft` = after the package's masked-diffusion SFT warm-up (train/sft.py `warm_up`, run in chunks until
 the held-out reward of a T = 1 sample reaches `sft_target`: comparable starting points at every L and family),
-`rl` = after `rl_steps` GRPO steps of the package's Trainer from it (one_step likelihood, BF16 rollouts, bypass: no
-mismatch to correct). Sampler of the
-RL steps: one block, steps = L, T = 1 (LLaDA low-confidence; Dream the `alg` of the model's sampling defaults).
+`rl` = after `rl_steps` GRPO steps of the package's Trainer from it (one_step likelihood — SDAR: its block-wise ELBO
+—, BF16 rollouts, bypass: no mismatch to correct). Sampler of the RL steps: one block, steps = L, T = 1 (LLaDA
+low-confidence; Dream the `alg` of the model's sampling defaults; SDAR blocks of 4, low_confidence_dynamic, τ 0.9).
 Everything is deterministic from the seed (explicit generators everywhere in the trainer); the models are cached
 under `root` (default runs/ladder, gitignored) in a folder named by the settings' hash, so a changed setting
 retrains. Building them is part of the ladder's command, not of rung 2's timed budget (its cost is printed).
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("llada", "dream")
+FAMILIES = ("llada", "dream", "sdar")
 CHECKPOINTS = ("sft", "rl")
 
 
@@ -81,8 +82,17 @@ def digits_length(L: int) -> int:
 
 SIZES = {"llada": lambda c: {"d_model": c.d_model, "n_layers": c.n_layers, "n_heads": 2, "mlp_hidden_size": c.mlp},
          "dream": lambda c: {"hidden_size": c.d_model, "num_hidden_layers": c.n_layers, "num_attention_heads": 2,
-                             "num_key_value_heads": 2, "intermediate_size": c.mlp}}
+                             "num_key_value_heads": 2, "intermediate_size": c.mlp},
+         "sdar": lambda c: {"hidden_size": c.d_model, "num_hidden_layers": c.n_layers, "num_attention_heads": 2,
+                            "num_key_value_heads": 2, "head_dim": c.d_model // 2, "intermediate_size": c.mlp}}
 """Family -> the keyword arguments of its tiny model (the family record's `tiny` hook) at cfg's size."""
+
+BLOCK_LENGTH = {"sdar": 4}
+"""Sampler block length of a family that is trained in blocks (SDAR: its released models' 4, mc_sdar.RUNG2_BLOCK);
+the others sample one block of L."""
+RL_LIKELIHOOD = {"sdar": "elbo"}
+"""--policy-logprob of the RL steps where the family refuses one_step (SDAR: its block-wise ELBO, K = 2 draws, the
+package default); the others train with one_step."""
 
 
 def initial_model(family: str, cfg: LadderModelConfig):
@@ -95,8 +105,9 @@ def initial_model(family: str, cfg: LadderModelConfig):
 
 
 def preset(family: str, L: int, cfg: LadderModelConfig, init_dir: Path):
-    """The trainer's Preset of one model: digits shift with L/2 digits, one block, steps = L, T = 1 (a family with
-    named position rules, Dream, samples with `cfg.dream_alg`)."""
+    """The trainer's Preset of one model: digits shift with L/2 digits, one block (SDAR: blocks of 4, its default
+    low_confidence_dynamic strategy, τ 0.9), steps = L, T = 1 (a family with named position rules, Dream, samples
+    with `cfg.dream_alg`); RL with one_step (SDAR: its block-wise ELBO, `RL_LIKELIHOOD`)."""
     from dllm_ais.config import ModelConfig, Preset, SamplerConfig, TrainConfig
     from dllm_ais.families import get_family
     from dllm_ais.rl.config import CorrectionConfig, GRPOConfig
@@ -105,9 +116,10 @@ def preset(family: str, L: int, cfg: LadderModelConfig, init_dir: Path):
     return Preset(
         f"ladder-{family}-L{L}", "rung-2 model of the estimator ladder (dllm_ais/analysis/ladder_models.py)",
         ModelConfig(family=family, path=str(init_dir)),
-        SamplerConfig(gen_length=L, block_length=L, steps=L, temperature=1.0, dream_alg=rule,
-                      dream_alg_temp=None if rule is None else 0.0),
+        SamplerConfig(gen_length=L, block_length=BLOCK_LENGTH.get(family, L), steps=L, temperature=1.0,
+                      dream_alg=rule, dream_alg_temp=None if rule is None else 0.0),
         TrainConfig(task="digits", task_config={"op": "shift", "length": digits_length(L)}, steps=cfg.rl_steps,
+                    policy_logprob=RL_LIKELIHOOD.get(family, "one_step"),
                     prompts_per_step=cfg.prompts_per_step, learning_rate=cfg.rl_lr, sft_steps=0,
                     rollout_precision="bf16", seed=cfg.seed, save_every_minutes=0.0, keep_checkpoints=1),
         GRPOConfig(num_generations=8, scale_rewards="group", epsilon=0.2, beta=0.0, loss_type="dapo",

@@ -6,7 +6,10 @@ A cell = family × checkpoint (sft, rl; ladder_models.py) × completion length L
   steps = L), `threshold` (one block, τ = `threshold`, Fast-dLLM's rule without a cache);
 - Dream `entropy` and `maskgit_plus` (Dream's uncached `diffusion_generate`, steps = L, one block: Dream's threshold
   and blocks exist only with Fast-dLLM's cache, whose path law the package scores from the sampler's record, without
-  a gradient — not measurable here).
+  a gradient — not measurable here);
+- SDAR `low_confidence_static` and `low_confidence_dynamic` (models/sdar/sampler.py with its native per-block KV
+  cache, exact: causal across blocks; blocks of 4, steps = L, τ = `threshold`; its law mc_sdar.py, its
+  likelihoods mc_sdar_estimators.py).
 Every sampler samples at T = 1. Prompts: `prompts` held-out digits problems of the model's length (test split,
 fixed), each group's prompt uniform among them; the reward is the digits task's own (partial credit per digit) on
 the decoded completion up to its first EOS.
@@ -25,14 +28,18 @@ from dllm_ais.analysis.mc_ground_truth import Bed, MCConfig, measure_cell, suppl
 
 LLADA_SAMPLERS = ("low_confidence", "low_confidence-blocks", "threshold")
 DREAM_SAMPLERS = ("entropy", "maskgit_plus")
-SAMPLERS = {"llada": LLADA_SAMPLERS, "dream": DREAM_SAMPLERS}
+SDAR_SAMPLERS = ("low_confidence_static", "low_confidence_dynamic")
+SAMPLERS = {"llada": LLADA_SAMPLERS, "dream": DREAM_SAMPLERS, "sdar": SDAR_SAMPLERS}
 
 
 GRID = (("llada", "low_confidence", (8, 16, 32, 64)), ("llada", "low_confidence-blocks", (8, 16, 32, 64)),
         ("llada", "threshold", (8, 16, 32, 64)), ("dream", "entropy", (8, 16, 32, 64)),
-        ("dream", "maskgit_plus", (8, 16, 32, 64)))
+        ("dream", "maskgit_plus", (8, 16, 32, 64)), ("sdar", "low_confidence_static", (8, 16, 32, 64)),
+        ("sdar", "low_confidence_dynamic", (8, 16, 32, 64)))
 """The full grid's cells (family, sampler, lengths) — every checkpoint of each (Dream's models are trained with the
-entropy rule; maskgit_plus samples the same models): every sampler at every length the issue names."""
+entropy rule; maskgit_plus samples the same models; SDAR's with low_confidence_dynamic, static samples the same):
+every sampler at every length the issue names. A cell's cache key does not depend on the grid (`_cell_cache`), so
+adding a family's rows leaves every other cell's key unchanged."""
 
 
 @dataclass(frozen=True)

@@ -66,12 +66,18 @@ def status(docs: dict) -> list[str]:
     return out
 
 
+def _names(families: list[str]) -> str:
+    """'LLaDA and Dream', 'LLaDA, Dream and SDAR'."""
+    names = [{"llada": "LLaDA", "dream": "Dream", "sdar": "SDAR"}[f] for f in families]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def scale(rung: str, docs: dict) -> str:
     """At which scale a rung's answer holds, from its stored config."""
     if rung == "rung 1":
         c = docs["rung1"]["config"]
         t = c["testbed"]
-        fams = " and ".join({"llada": "LLaDA", "dream": "Dream"}[f] for f in c.get("families", ["llada"]))
+        fams = _names(c.get("families", ["llada"]))
         return (f"exact enumeration: tiny {fams} ({t['n_layers']} layer, d_model {t['d_model']}), V_c = {t['vocab']}, "
                 f"L = {t['gen_length']}, {t['num_prompts']} prompts; {len(c['seeds'])} seeds × checkpoints "
                 f"{c['checkpoints']} (SFT steps); every parameter")
@@ -81,7 +87,8 @@ def scale(rung: str, docs: dict) -> str:
         Ls = sorted({L for _, _, ls in c["grid"] for L in ls})
         cells = "; ".join(f"{f} {s} L = {', '.join(map(str, ls))}" for f, s, ls in c["grid"])
         paths = ", ".join(f"{p} at L = {L}" for L, p in c["paths"] if L in Ls)
-        return (f"Monte Carlo: tiny LLaDA and Dream ({m['n_layers']} layers, width {m['d_model']}) trained on digits "
+        fams = _names(list(dict.fromkeys(f for f, _, _ in c["grid"])))
+        return (f"Monte Carlo: tiny {fams} ({m['n_layers']} layers, width {m['d_model']}) trained on digits "
                 f"(SFT to reward {m['sft_target']}, then {m['rl_steps']} GRPO steps), L = "
                 f"{'–'.join(map(str, sorted({Ls[0], Ls[-1]})))}; {cells}; "
                 f"paths per cell {paths}; the LM head's coordinates of the gradient")
@@ -94,6 +101,23 @@ def _best(contexts: dict, b: str) -> set[str]:
         return set()
     top = max(a["best"] for a in agg.values())
     return {k for k, a in agg.items() if a["best"] == top}
+
+
+def by_family(rungs: dict[str, dict]) -> list[str]:
+    """The answer table per model family (contexts are named family/...): a family's own estimators (SDAR's block
+    ELBO, its one-step analogue) never meet the others', so the pooled table above can hide its answer."""
+    fams = list(dict.fromkeys(k.split("/")[0] for r in rungs.values() for k in r))
+    if len(fams) < 2:
+        return []
+    out = ["", "The answer per family (each family's contexts only; same notation):", "",
+           "| forward rows per completion | family | " + " | ".join(rungs) + " |", "|---|---|" + "---|" * len(rungs)]
+    for b in BUDGETS:
+        for f in fams:
+            own = {r: {k: v for k, v in c.items() if k.split("/")[0] == f} for r, c in rungs.items()}
+            cells = [answer(aggregate(own[r], str(b))) for r in rungs]
+            if any(c != "—" for c in cells):
+                out.append(f"| ≤ {b} | {_names([f])} | " + " | ".join(cells) + " |")
+    return out
 
 
 def readme(rungs: dict[str, dict], docs: dict, table: list[str]) -> str:
@@ -120,6 +144,7 @@ def readme(rungs: dict[str, dict], docs: dict, table: list[str]) -> str:
               "each cell's Monte-Carlo error.", "",
               "Scale at which each rung holds:", ""]
     lines += [f"- **{r}**: {scale(r, docs)}." for r in rungs]
+    lines += by_family(rungs)
     if "rung 1" in rungs and "rung 2" in rungs:
         lines += ["", "Where the rungs disagree (the point-best estimators differ):", ""]
         diff = [f"- ≤ {b} rows: rung 1 {', '.join(sorted(_best(rungs['rung 1'], str(b))))}; rung 2 "

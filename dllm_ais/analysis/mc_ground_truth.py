@@ -25,6 +25,7 @@ from dllm_ais.analysis import mc_stats
 from dllm_ais.analysis.mc_estimators import BASE_ESTIMATORS, ESTIMATORS, Batch, Variant, all_variants, per_unit
 from dllm_ais.analysis.mc_head import HeadTap, head_size
 from dllm_ais.analysis.mc_paths import sample_paths
+from dllm_ais.analysis.mc_sdar_estimators import SDAR_ESTIMATORS
 from dllm_ais.rl.advantages import group_advantages
 
 
@@ -71,7 +72,7 @@ class Bed:
     """Label, e.g. llada/rl/L16/low_confidence."""
     model: object
     law: object
-    """mc_paths.LLaDALaw or DreamLaw (the sampler config is law.config)."""
+    """mc_paths.LLaDALaw, DreamLaw or SDARLaw (the sampler config is law.config)."""
     prompts: torch.Tensor
     """[n, P] prompt ids (left-padded)."""
     prompt_mask: torch.Tensor
@@ -85,6 +86,11 @@ class Bed:
     @property
     def L(self) -> int:
         return self.law.config.gen_length
+
+
+ESTIMATORS_OF = {"sdar": SDAR_ESTIMATORS}
+"""Families with likelihoods of their own (block diffusion: mc_sdar_estimators.py); the others use ESTIMATORS. A cell
+measures the names of MCConfig.estimators its family's registry has."""
 
 
 def key(v: Variant) -> str:
@@ -113,10 +119,13 @@ def measure_cell(bed: Bed, cfg: MCConfig, supplement: tuple[str, ...] = (), log=
     tap = HeadTap(bed.model)
     D = head_size(bed.model)
     sums = mc_stats.Sums(cfg.blocks, D)
-    variants = all_variants(cfg.estimators, L, cfg.budgets)
+    registry = ESTIMATORS_OF.get(bed.law.family, ESTIMATORS)
+    variants = all_variants(cfg.estimators, L, cfg.budgets) if registry is ESTIMATORS else [
+        v for name in cfg.estimators if name in registry for v in registry[name].variants(L, cfg.budgets)]
     extra = all_variants(supplement, L, cfg.budgets)
     g_prompt, g_sample, g_est = (torch.Generator().manual_seed(cfg.seed * 3 + i) for i in range(3))
-    streams = [(variants, g_est), (extra, torch.Generator().manual_seed(SUPPLEMENT_SEED + cfg.seed))]
+    streams = [(variants, g_est, registry), (extra, torch.Generator().manual_seed(SUPPLEMENT_SEED + cfg.seed),
+                                             ESTIMATORS)]
     per_batch = max(1, cfg.batch_elements // (N * L * D))  # units per sampling batch
     done, reward_sum, seconds = 0, 0.0, {"sample": 0.0, **{key(v): 0.0 for v in variants + extra}}
     while done < cfg.units:
@@ -137,10 +146,10 @@ def measure_cell(bed: Bed, cfg: MCConfig, supplement: tuple[str, ...] = (), log=
         block = (done + torch.arange(nb)) % cfg.blocks
         sums.add_target(block, t, u)
         seconds["sample"] += time.perf_counter() - t1
-        for vs, g in streams:
+        for vs, g, reg in streams:
             for v in vs:
                 t1 = time.perf_counter()
-                a, rows = ESTIMATORS[v.name].gradients(bt, v, g)
+                a, rows = reg[v.name].gradients(bt, v, g)
                 sums.add(key(v), block, a, t, u, rows, block[bt.unit])
                 seconds[key(v)] += time.perf_counter() - t1
         done += nb

@@ -5,7 +5,8 @@ full forward per step, no cache; Dream: models/dream/sampler.py `dream_sample`, 
 `HeadTap`, which records every step's logits and head inputs. The law of each recorded step is then evaluated on a
 leaf copy of those logits with the package's exact step law — the same functions `path_logprob` sums
 (LLaDA: likelihood/trajectory.py + selection.py: the proposal term of every committed token and the step's selection
-term, top-k with the schedule's k or threshold; Dream: models/dream/trajectory.py's law, dream_selection.py) —
+term, top-k with the schedule's k or threshold; Dream: models/dream/trajectory.py's law, dream_selection.py;
+SDAR: mc_sdar.py, which maps its cached forwards to steps itself) —
 and differentiated through the logits (mc_head.py). No replay forward is needed: the sampler's forward of step t is
 the forward of canvas t.
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_ais.analysis.mc_head import Call, HeadTap, leaf, logit_grad
+from dllm_ais.analysis.mc_sdar import SDARLaw
 from dllm_ais.config import SamplerConfig
 from dllm_ais.likelihood.logprobs import proposal_logprobs
 from dllm_ais.likelihood.selection import LOG_ZERO, SelectionRule, selection_logprob
@@ -157,12 +159,14 @@ class DreamLaw:
         return proposal_logprob(z, y, self.rule)
 
 
-LAWS = {"llada": LLaDALaw, "dream": DreamLaw}
+LAWS = {"llada": LLaDALaw, "dream": DreamLaw, "sdar": SDARLaw}
 """Model family -> its sampler and step law."""
 
 
 def path_record(law, calls: list[Call], rollout: Rollout) -> PathRecord:
     """Every recorded step's law differentiated through its logits: the PathRecord of the batch (module doc)."""
+    if hasattr(law, "path_pieces"):  # a family that maps its own forwards to steps (SDAR: mc_sdar.py)
+        return PathRecord(*law.path_pieces(calls, rollout))
     B, L = rollout.completion_ids.shape
     P = rollout.prompt_ids.shape[1]
     if len(calls) != rollout.num_steps:

@@ -1,6 +1,6 @@
 """The bridge between rung 1 and rung 2 (issue 40): rung 2's Monte-Carlo machinery run on rung 1's enumerable
-testbed (analysis/estimators.py: tiny LLaDA, V_c = 3, L = 4), and rung 1's exact figures restricted to the
-coordinates rung 2 measures (the LM head's weight), so the two can be compared number for number.
+testbed (analysis/estimators.py: tiny LLaDA, Dream and SDAR, V_c = 3, L = 4), and rung 1's exact figures restricted
+to the coordinates rung 2 measures (the LM head's weight), so the two can be compared number for number.
 
 `bridge_bed` builds the rung-2 cell (the package's sampler with T = 1, one block, steps = L; every position
 counts; reward = the shift task's fraction right); `exact_head_figures` runs rung 1's closed forms
@@ -48,6 +48,25 @@ def bridge_bed(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, rule: str,
                prompt_mask=torch.ones_like(prompts, dtype=torch.bool), reward=reward, stop_ids=(), block_length=L)
 
 
+def sdar_bridge_bed(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, rule: str) -> Bed:
+    """The rung-2 cell of rung 1's SDAR testbed (exact_testbed.make_sdar): the sampler on the model under the
+    one-token prefix (prompts [prefix, x]: one whole block), blocks of SDAR_BLOCK, strategy `rule` (τ =
+    cfg.threshold for the dynamic one), T = 1, steps = L; every position counts."""
+    from dllm_ais.analysis.mc_sdar import SDARLaw
+
+    t = cfg.testbed
+    L = t.gen_length
+    law, block = SDARLaw.named(rule, L, t.mask_id, cfg.threshold, block_length=tb.SDAR_BLOCK)
+    answers = tb.answers(prompts, L, t.vocab)
+    x = model.with_prefix(prompts)
+
+    def reward(idx: torch.Tensor, rollout) -> torch.Tensor:
+        return (rollout.completion_ids == answers[idx]).double().mean(-1)
+
+    return Bed(name=f"testbed/sdar/{rule}", model=model.inner, law=law, prompts=x,
+               prompt_mask=torch.ones_like(x, dtype=torch.bool), reward=reward, stop_ids=(), block_length=block)
+
+
 def _head_slice(model) -> slice:
     """Where the LM head's weight sits in the flat `model.parameters()` vector."""
     head = model.get_output_embeddings().weight
@@ -72,16 +91,18 @@ def exact_head_figures(cfg: E.EstimatorsConfig, model, prompts: torch.Tensor, ru
     tg = E.target(model, prompts, logits, cfg, rule, family)
     cut = _head_slice(model)
     tg = replace(tg, g_star=tg.g_star[cut], grad_j=tg.grad_j[cut])
-    thr = cfg.threshold if rule == "threshold" else None
+    fam = EXACT_FAMILIES[family]
+    thr = cfg.threshold if rule in fam.threshold_rules else None
     out = {}
-    for (name, K), mom in E.mask_moments(cfg).items():
+    own = fam.own_moments is not None  # SDAR: its own estimators instead of the mask draws and SPG
+    for (name, K), mom in (fam.own_moments(sp, cfg.budgets) if own else E.mask_moments(cfg)).items():
         out[f"{name}:{K}"] = E.closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
-    for K in cfg.budgets:
+    for K in () if own else cfg.budgets:
         reps = D.spg(sp, K, feats.logp_a, cfg.spg_draws, cfg.spg_replicas, cfg.seed + 1000 * seed + K)
         out[f"spg:{K}"] = E._replica_mean([E.closed_forms(m, feats, tg, L, cfg.G, cfg.N) for m in reps],
                                           reps[0].mc_draws)
     for label, merge in (("trajectory", 1), ("trajectory-merge2", 2)):
-        mom = EXACT_FAMILIES[family].trajectory(sp, logits, tg.pi, V, rule, t.mask_id, thr, merge)
+        mom = fam.trajectory(sp, logits, tg.pi, V, rule, t.mask_id, thr, merge)
         out[f"{label}:{'all' if merge == 1 else merge}"] = E.closed_forms(mom, feats, tg, L, cfg.G, cfg.N)
     for (name, K), mom in E.recorded_canvas_moments(family, sp, logits, cfg, rule).items():
         setting = "all" if name == "mdpo" and K == L else K  # MDPO with K = L scores every canvas
