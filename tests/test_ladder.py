@@ -27,17 +27,17 @@ def test_rank_intervals():
 
 
 def test_the_committed_rung2_results_come_from_the_documented_command():
-    """benchmarks/estimators/rung2/results.json holds the config of `--rungs 2 --lengths 8 --paths 4096` (RUN.md's
-    command), so the folder is what that command writes."""
+    """benchmarks/estimators/rung2/results.json holds the config of `--rungs 2 --lengths 8,16,32,64 --paths
+    8:4096,16:4096,32:1024,64:1024` (RUN.md's command), so the folder is what that command writes."""
     import json
     from dataclasses import asdict
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
     stored = json.loads((repo / "benchmarks" / "estimators" / "rung2" / "results.json").read_text())["config"]
-    cfg = ladder.rung2_config("full", (8, 16), 4096)
+    cfg = ladder.rung2_config("full", (8, 16, 32, 64), ladder.parse_paths("8:4096,16:4096,32:1024,64:1024"))
     assert json.loads(json.dumps(asdict(cfg), default=float)) == stored
-    assert {L for _, _, ls in stored["grid"] for L in ls} == {8, 16}
+    assert {L for _, _, ls in stored["grid"] for L in ls} == {8, 16, 32, 64}
 
 
 def test_the_status_says_what_each_rung_lacks():
