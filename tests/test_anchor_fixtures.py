@@ -71,7 +71,10 @@ def test_every_fixture_names_its_anchor():
     assert len(files) >= 6
     for f in files:
         anchor = json.loads(f.read_text())["anchor"]
-        assert anchor["repo"].count("/") == 1 and len(anchor["commit"]) == 40 and anchor["path"] and anchor["function"]
+        assert anchor["repo"].count("/") == 1 and len(anchor["commit"]) == 40, f.name
+        # one function (path + function) or several, each named with its file:lines
+        assert (anchor.get("path") and anchor.get("function")) or (
+            anchor.get("functions") and all(":" in where for where in anchor["functions"].values())), f.name
 
 
 def test_d1_one_step_matches_diffu_grpo():
