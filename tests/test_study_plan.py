@@ -106,6 +106,15 @@ def test_every_committed_plan_builds_its_arms_on_a_known_preset(path):
     for arm in arms:  # every arm's configs validate (unknown fields or values raise here)
         preset = study.study_preset(plan.config, plan.config.seeds[0], arm)
         assert preset.train.rollout_precision == arm.rollout_precision
+    # the held-out scoring can draw its rows: a limit above a procedural split's size raises here, not after SFT
+    # (study/estimators-rl-arith.toml asked for 500 of arith's 11 test items and died at its first evaluation)
+    from dllm_ais.analysis.evaluate import _load_rows
+    from dllm_ais.tasks.registry import get_task
+
+    for split in ("test", "train"):
+        rows = _load_rows(get_task(preset.train.task), split, preset.train.data_path, plan.config.eval_limit, 0,
+                          preset.train.task_config)
+        assert plan.config.eval_limit is None or len(rows) == plan.config.eval_limit
 
 
 def test_the_committed_plan_parses_and_preregisters_the_issue_comparisons():
@@ -277,6 +286,18 @@ def test_lambda_lead_lag_on_a_synthetic_collapse():
     assert out["peak_lag"] == 4 and out["corr"] < -0.9
 
 
+def test_a_training_curve_primary_metric_gains_over_the_runs_first_quarter(tmp_path):
+    """final_reward has no SFT score: the baseline's gain is final minus first-quarter reward, paired by seed."""
+    plan = _plan(tmp_path, PLAN.replace('key = "heldout_acc_t1"', 'key = "final_reward"'))
+    assert plan.primary == "final_reward"
+    results = [{**_result("bf16", s, 0.5), "first_reward": 0.3 + 0.01 * s, "final_reward": 0.7 + 0.03 * s}
+               for s in range(3)]
+    out = study_plan.summarize_plan(plan, results, {s: {"heldout_acc_t1": 0.1} for s in range(3)})
+    g = out["bf16_gain"]
+    assert g["reference"] == "first_reward" and g["n"] == 3 and g["mean"] == pytest.approx(0.42)
+    assert "first-quarter reward" in study_plan.report_table(out)
+
+
 def test_collapse_indicator():
     assert study_plan.collapsed([0.2, 0.5, 0.8, 0.9, 0.9, 0.9, 0.3, 0.2], window=2, drop=0.2)
     assert not study_plan.collapsed([0.2, 0.5, 0.8, 0.9, 0.9, 0.9, 0.85, 0.8], window=2, drop=0.2)
@@ -303,6 +324,8 @@ def test_summary_fields_and_holm_over_the_family(tmp_path):
     assert out["plan"]["sha256"] == plan.sha256 and out["primary_metric"]["key"] == "heldout_acc_t1"
     assert out["ess_final"]["mxfp4-none"] == pytest.approx(0.8) and out["ess_final"]["bf16"] == 1.0
     assert out["bf16_gain"]["mean"] == pytest.approx(0.45) and out["bf16_gain"]["ci95"][0] > 0.3
+    assert out["bf16_gain"]["reference"] == "sft"
+    assert out["arms"]["bf16"]["heldout_acc_greedy"]["mean"] == pytest.approx(0.55)  # reported, not in secondary
     h = out["holm"]
     assert h["harm:mxfp4"]["mean"] == pytest.approx(-(0.30 + 0.30 + 0.38) / 3)
     raw = {k: v["p"] for k, v in h.items()}

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from dllm_ais.analysis.estimator_best_step import METRIC, best_step_ranking, best_step_sentence, with_best_step
 from dllm_ais.analysis.estimator_families import FAMILY_NAMES, RULES, model_key
 from dllm_ais.analysis.estimator_robust import ranking
 from dllm_ais.analysis.estimator_robust import verdict as robust_verdict
 from dllm_ais.analysis.study_stats import t_quantile
 
-FIELDS = ("mse", "bias_sq", "trace_var", "cos_g_star", "cos_grad_j", "rows")
+FIELDS = ("mse", "bias_sq", "trace_var", "cos_g_star", "cos_grad_j", "rows", METRIC)
 
 
 def interval(xs: list[float]) -> dict:
@@ -62,10 +63,11 @@ def summarise(doc: dict) -> dict:
         out[rule] = {}
         for ck in cfg["checkpoints"]:
             models = [doc["per_model"][model_key(family, s, ck)][rule] for s in cfg["seeds"]]
+            ests = [with_best_step(m["estimators"]) for m in models]
             est: dict = {}
-            for name, budgets in models[0]["estimators"].items():
+            for name, budgets in ests[0].items():
                 for b in budgets:
-                    vals = {f: [m["estimators"][name][b][f] for m in models] for f in FIELDS}
+                    vals = {f: [e[name][b][f] for e in ests] for f in FIELDS}
                     est.setdefault(name, {})[b] = {f: interval(v) for f, v in vals.items()}
             winners = {}
             for b in (str(b) for b in cfg["budgets"]):
@@ -84,7 +86,8 @@ def summarise(doc: dict) -> dict:
                               "winner_budget": bw, "winner_rows": est[w][bw]["rows"]["mean"],
                               "runner_up_budget": br, "runner_up_rows": est[r][br]["rows"]["mean"],
                               "paired_diff": diff, "distinguishable": bool(diff["mean"] + diff["half"] < 0)}
-                winners[b]["robust"] = ranking([m["estimators"] for m in models], float(b), list(cfg["seeds"]))
+                winners[b]["robust"] = ranking(ests, float(b), list(cfg["seeds"]))
+                winners[b]["best_step"] = best_step_ranking(ests, float(b), list(cfg["seeds"]))
             out[rule][str(ck)] = {"estimators": est, "winners": winners,
                                   "J": interval([m["J"] for m in models])}
     return out
@@ -169,6 +172,17 @@ def write_readme(doc: dict, path: Path) -> None:
     if se:
         lines += ["", f"SPG's Monte-Carlo standard error (EUBO, K ≥ 2): at most {100 * max(se):.2g} % of its MSE "
                   f"(per model; {cfg['spg_replicas']} replicas of {cfg['spg_draws'] // cfg['spg_replicas']} draws)."]
+    lines += ["", "## At each estimator's best step size (scale-free)", "",
+              "The MSE above compares the likelihoods at one shared learning rate, so an estimator whose mean is a "
+              "shrunk g* (MDPO's λ_t weights) gains by being small. Below, each is scaled by its own best scalar "
+              "c* first: rel. MSE = min_c E‖c ĝ − g*‖² / ‖g*‖² = 1 − cos²(E ĝ, g*) · ‖E ĝ‖² / (‖E ĝ‖² + tr Var) "
+              "(0 = exact, 1 = no better than no step; `dllm_ais/analysis/estimator_best_step.py`), ranked the "
+              "same way (setting chosen by this metric, per-seed wins, leave-one-seed-out, paired t against the "
+              "runner-up). Bold = no single seed left out changes the winner and it wins a majority of seeds.", ""]
+    for rule in summ:
+        for ck, s in summ[rule].items():
+            lines.append(f"- **{rule_label(rule)}, checkpoint {ck}**: " + "; ".join(
+                best_step_sentence(b, w.get("best_step", {}), s["estimators"]) for b, w in s["winners"].items()))
     lines += ["", "## Budgets an estimator cannot take", ""]
     lines += [f"- `{k}`: {v}" for k, v in doc["impossible_budgets"].items()]
     for rule in summ:
@@ -178,13 +192,14 @@ def write_readme(doc: dict, path: Path) -> None:
                       "estimator at its best setting whose mean rows fit; paired over the seeds):", ""]
             lines += ranking_table(s)
             lines += ["", "All settings:", "",
-                      "| estimator | budget | rows | MSE | bias² | tr Var (N) | cos(E ĝ, g*) | cos(E ĝ, ∇J) |",
-                      "|---|---|---|---|---|---|---|---|"]
+                      "| estimator | budget | rows | MSE | bias² | tr Var (N) | cos(E ĝ, g*) | cos(E ĝ, ∇J) "
+                      "| rel. MSE at best step |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for name, budgets in s["estimators"].items():
                 for b, f in budgets.items():
                     lines.append(f"| {name} | {b} | {f['rows']['mean']:.2f} | {_fmt(f['mse'])} | "
                                  f"{_fmt(f['bias_sq'])} | {_fmt(f['trace_var'])} | {_fmt(f['cos_g_star'])} | "
-                                 f"{_fmt(f['cos_grad_j'])} |")
+                                 f"{_fmt(f['cos_grad_j'])} | {_fmt(f[METRIC])} |")
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -21,45 +21,46 @@ def _fits(rows: float, b: float) -> bool:
     return rows <= b + 1e-9
 
 
-def chosen_settings(models: list[dict], b: float) -> dict[str, str]:
-    """{estimator: its setting (budget key) with the lowest mean MSE among those whose mean rows fit b}.
+def chosen_settings(models: list[dict], b: float, metric: str = "mse") -> dict[str, str]:
+    """{estimator: its setting (budget key) with the lowest mean `metric` among those whose mean rows fit b}.
     models: per seed {estimator: {setting: {"mse", "rows", ...}}}."""
     n = len(models)
     out = {}
     for name, settings in models[0].items():
-        fit = [(sum(m[name][k]["mse"] for m in models) / n, k) for k in settings
+        fit = [(sum(m[name][k][metric] for m in models) / n, k) for k in settings
                if _fits(sum(m[name][k]["rows"] for m in models) / n, b)]
         if fit:
             out[name] = min(fit)[1]
     return out
 
 
-def _winner(models: list[dict], b: float) -> tuple[str | None, dict[str, str]]:
-    chosen = chosen_settings(models, b)
+def _winner(models: list[dict], b: float, metric: str = "mse") -> tuple[str | None, dict[str, str]]:
+    chosen = chosen_settings(models, b, metric)
     if not chosen:
         return None, chosen
     n = len(models)
-    return min(chosen, key=lambda k: (sum(m[k][chosen[k]]["mse"] for m in models) / n, k)), chosen
+    return min(chosen, key=lambda k: (sum(m[k][chosen[k]][metric] for m in models) / n, k)), chosen
 
 
-def ranking(models: list[dict], b: float, seeds: list) -> dict:
+def ranking(models: list[dict], b: float, seeds: list, metric: str = "mse") -> dict:
     """The robustness record of budget b (module doc): winner, its setting, wins per estimator, leave-one-out
-    winners, `robust`, and a paired test of every other estimator against the winner."""
-    winner, chosen = _winner(models, b)
+    winners, `robust`, and a paired test of every other estimator against the winner; all by `metric` (lower is
+    better: "mse", or estimator_best_step's scale-free "rel_mse_best_step")."""
+    winner, chosen = _winner(models, b, metric)
     if winner is None or len(chosen) < 2:
         return {}
-    per_seed = [min(chosen, key=lambda k, m=m: (m[k][chosen[k]]["mse"], k)) for m in models]
+    per_seed = [min(chosen, key=lambda k, m=m: (m[k][chosen[k]][metric], k)) for m in models]
     wins = Counter(per_seed)
     loo = {}
     for i, s in enumerate(seeds):
-        w, _ = _winner(models[:i] + models[i + 1:], b) if len(models) > 2 else (winner, None)
+        w, _ = _winner(models[:i] + models[i + 1:], b, metric) if len(models) > 2 else (winner, None)
         loo[str(s)] = w
     flips = {s: w for s, w in loo.items() if w != winner}
     paired = {}
     for k, kb in chosen.items():
         if k == winner:
             continue
-        t = paired_t([m[k][kb]["mse"] - m[winner][chosen[winner]]["mse"] for m in models])
+        t = paired_t([m[k][kb][metric] - m[winner][chosen[winner]][metric] for m in models])
         paired[k] = {"setting": kb, "mean": t["mean"], "ci95": t["ci95"], "p": t["p"], "wins": wins.get(k, 0)}
     n = len(models)
     return {"winner": winner, "setting": chosen[winner], "wins": {k: wins.get(k, 0) for k in chosen},

@@ -24,12 +24,34 @@ ESTIMATOR_OF = "estimator"
 """Key of an arm's train overrides naming the ladder row it stands for (the arm name otherwise)."""
 
 
-def run_metrics(result: dict) -> dict:
+def seconds_per_step(result: dict, run_dir: Path | None = None) -> float:
+    """Mean wall-clock seconds of a GRPO step: the run's metrics.jsonl `time/step` rows (the steps alone, whichever
+    process ran them: a resumed run's result.json wall_s covers only what the last process did), else wall_s."""
+    rows = []
+    if run_dir is not None and (run_dir / "metrics.jsonl").is_file():
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if M.time_key("step") in row:
+                rows.append(float(row[M.time_key("step")]))
+    if rows:
+        return sum(rows) / len(rows)
+    return result["wall_s"] / max(result["steps"], 1)
+
+
+def run_metrics(result: dict, run_dir: Path | None = None) -> dict:
     """final reward, AUC and seconds per step of one finished run (study_plan.run_arm's result.json)."""
     rewards = [r for r in result["trajectory"][M.REWARD_MEAN] if r is not None and math.isfinite(r)]
     _, final = quarter_means(rewards)
-    return {"final_reward": final, "auc": sum(rewards) / len(rewards), "seconds_per_step": result["wall_s"] /
-            max(result["steps"], 1)}
+    return {"final_reward": final, "auc": sum(rewards) / len(rewards),
+            "seconds_per_step": seconds_per_step(result, run_dir)}
+
+
+def time_ratio(per: dict[int, float], base: dict[int, float]) -> dict:
+    """Seconds per step relative to the baseline arm, paired by seed (the arms of one seed ran side by side, so the
+    machine's load, which changes over a study, cancels): geometric mean and 95 % t-interval of the log ratio."""
+    seeds = sorted(set(per) & set(base))
+    t = paired_t([math.log(per[s] / base[s]) for s in seeds])
+    return {"mean": math.exp(t["mean"]), "ci95": [math.exp(x) for x in t["ci95"]], "n": len(seeds)}
 
 
 def summarise(work: Path, plan_doc: dict) -> dict:
@@ -40,7 +62,7 @@ def summarise(work: Path, plan_doc: dict) -> dict:
         for seed_dir in sorted((work / a["name"]).glob("seed*")):
             res = seed_dir / "result.json"
             if res.is_file():
-                per[int(seed_dir.name[4:])] = run_metrics(json.loads(res.read_text()))
+                per[int(seed_dir.name[4:])] = run_metrics(json.loads(res.read_text()), seed_dir)
         if not per:
             continue
         entry = {}
@@ -49,6 +71,11 @@ def summarise(work: Path, plan_doc: dict) -> dict:
             m, ci = mean_ci95(list(vals.values()))
             entry[k] = {"per_seed": vals, "mean": m, "ci95": ci}
         out[a["name"]] = entry
+    base = plan_doc.get("plan", {}).get("baseline")
+    if base in out:
+        for entry in out.values():
+            entry["time_vs_baseline"] = time_ratio(entry["seconds_per_step"]["per_seed"],
+                                                   out[base]["seconds_per_step"]["per_seed"])
     return out
 
 
@@ -108,6 +135,33 @@ def write_figure(tasks: dict[str, dict[str, list[list[float]]]], path: Path) -> 
     fig.savefig(path, dpi=100, metadata={"Software": None})
 
 
+def plan_summary(out: Path, plan_name: str) -> dict | None:
+    """The study machinery's summary.json of the plan named `plan_name` in a folder under `out`, if written."""
+    for path in sorted(out.glob("*/summary.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("plan", {}).get("name") == plan_name:
+            return doc
+    return None
+
+
+def holm_lines(doc: dict | None) -> list[str]:
+    """The plan's pre-registered comparisons: paired difference [95 % CI], p, Holm-adjusted p, verdict, and the
+    minimum detectable effect (power 0.8) that the plan's sd gives, so that a null says what it could have seen."""
+    if doc is None:
+        return ["(the plan's own report is not written yet: no Holm-corrected comparisons)", ""]
+    key = doc["primary_metric"]["key"]
+    mde = doc["min_detectable_effect"]["by_comparison"]
+    lines = [f"Pre-registered comparisons ({key}, paired t over seeds, Holm over the family at α = "
+             f"{doc['min_detectable_effect']['alpha']}):", "",
+             "| comparison | a − b [95 % CI] | p | p (Holm) | verdict | detectable at power 0.8 |",
+             "|---|---|---|---|---|---|"]
+    for name, t in doc["holm"].items():
+        verdict = "different" if t["rejected"] else "not distinguishable"
+        lines.append(f"| {name} | {t['mean']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}] | {t['p']:.2g} | "
+                     f"{t['p_holm']:.2g} | {verdict} | ±{mde[name]:.3f} |")
+    return lines + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m dllm_ais.analysis.ladder_rung3 --plan study/estimators-rl-digits.toml:runs/estimators-rl-digits ...
     --out benchmarks/estimators/rung3: summary.json, README.md and curves.png from the plans' finished runs."""
@@ -139,17 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     write_figure(figs, out / "curves.png")
     lines = ["# Rung 3: learning curves per policy likelihood (generated)", "",
              "Written by `python -m dllm_ais.analysis.ladder_rung3` from the pre-registered plans' runs (module doc of "
-             "`dllm_ais/analysis/ladder_rung3.py`); the plans' own reports (Holm-corrected comparisons) are beside "
-             "this file. Mean over seeds [95 % t-interval].", "", "![curves](curves.png)", ""]
+             "`dllm_ais/analysis/ladder_rung3.py`); the plans' own reports are beside this file. Mean over seeds "
+             "[95 % t-interval]; seconds per step are paired by seed against the plan's baseline arm (the arms of a "
+             "seed ran side by side; the machine's load changed over the study, so absolute seconds are not "
+             "comparable across seeds).", "", "![curves](curves.png)", ""]
     for task, t in summary["tasks"].items():
-        lines += [f"## {task} (`{t['plan']}`, preset {t['preset']})", "",
-                  "| arm | final reward | AUC (mean reward over steps) | seconds per step | seeds |",
-                  "|---|---|---|---|---|"]
+        lines += [f"## {task} (`{t['plan']}`, preset {t['preset']}, {t['budget']} forward row per completion)", "",
+                  "| arm | final reward | AUC (mean reward over steps) | s per step | × baseline's time | seeds |",
+                  "|---|---|---|---|---|---|"]
         for arm, e in t["arms"].items():
             cell = lambda k, e=e: f"{e[k]['mean']:.3f} [{e[k]['ci95'][0]:.3f}, {e[k]['ci95'][1]:.3f}]"  # noqa: E731
+            ratio = e.get("time_vs_baseline")
+            ratio = f"{ratio['mean']:.2f} [{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}]" if ratio else "—"
             lines.append(f"| {arm} | {cell('final_reward')} | {cell('auc')} | {cell('seconds_per_step')} | "
-                         f"{len(e['auc']['per_seed'])} |")
-        lines.append("")
+                         f"{ratio} | {len(e['auc']['per_seed'])} |")
+        lines += [""] + holm_lines(plan_summary(out, task))
     (out / "README.md").write_text("\n".join(lines))
     print(f"wrote {out}")
     return 0

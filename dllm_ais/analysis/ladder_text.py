@@ -9,9 +9,11 @@ ISSUE_PATHS = 100_000
 """Paths per rung-2 cell issue 40 asks for (≥ 10⁵)."""
 FULL_RUNG2 = "python -m dllm_ais.analysis.ladder --rungs 2 --out benchmarks/estimators"
 """The command of rung 2's full grid (ladder_rung2.GRID)."""
-RUNG3 = ("python scripts/study_corrections.py --plan study/estimators-rl-<task>.toml --out "
-         "benchmarks/estimators/rung3/<task> --work runs/estimators-rl-<task> (task: digits, arith), then "
-         "python -m dllm_ais.analysis.ladder_rung3 (the plans' headers hold the full commands)")
+RUNG3 = ("python scripts/study_corrections.py --plan study/estimators-rl-digits.toml --out "
+         "benchmarks/estimators/rung3/digits --work runs/estimators-rl-digits, the same with "
+         "study/estimators-rl-arith-v2.toml (--out benchmarks/estimators/rung3/arith --work "
+         "runs/estimators-rl-arith-v2), then python -m dllm_ais.analysis.ladder_rung3 (the plans' headers hold the "
+         "full commands)")
 """Rung 3's commands."""
 
 
@@ -62,7 +64,7 @@ def status(docs: dict) -> list[str]:
         out.append("- **Rung 3 (RL): measured** (pre-registered plans; [rung3/README.md](rung3/README.md)).")
     else:
         out.append("- **Rung 3 (RL): plan registered** (study/estimators-rl-digits.toml, "
-                   f"study/estimators-rl-arith.toml), **runs not done**: {RUNG3}.")
+                   f"study/estimators-rl-arith-v2.toml), **runs not done**: {RUNG3}.")
     return out
 
 

@@ -514,15 +514,22 @@ def summarize_plan(plan: Plan, results: Sequence[dict], sft: dict[int, dict], re
     arms_out = {}
     for name, runs in by.items():
         entry = {"seeds": sorted(runs)}
-        for k in (key, *plan.secondary, "ess_final", "corr_ess_final", "logp_mu_first", "logp_mu_final"):
+        for k in dict.fromkeys((key, *plan.secondary, "heldout_acc_greedy", "ess_final", "corr_ess_final",
+                                "logp_mu_first", "logp_mu_final")):
             m, ci = study.mean_ci95([r.get(k, math.nan) for r in runs.values()])
             entry[k] = {"mean": m, "ci95": ci}
         arms_out[name] = entry
     ess_final = {n: e["ess_final"]["mean"] for n, e in arms_out.items()}
     base = plan.baseline
-    gain_diffs = [by[base][s][key] - sft[s][key] for s in sorted(by.get(base, {}))
-                  if s in sft and key in sft[s]]  # a training-curve metric (final_reward) has no SFT score: no gain
-    bf16_gain = paired_t(gain_diffs, alternative="greater")
+    # a held-out metric: the baseline arm's score minus the SFT model's; a training-curve metric (final_reward,
+    # the last quarter's rollout reward) has no SFT score: its run's first quarter (rollouts of the SFT model and
+    # its first updates) stands in
+    reference = "sft" if any(key in v for v in sft.values()) else "first_reward"
+    if reference == "sft":
+        gain_diffs = [r[key] - sft[s][key] for s, r in sorted(by.get(base, {}).items()) if key in sft.get(s, {})]
+    else:
+        gain_diffs = [r[key] - r["first_reward"] for _, r in sorted(by.get(base, {}).items()) if "first_reward" in r]
+    bf16_gain = {**paired_t(gain_diffs, alternative="greater"), "reference": reference}
     tests, pvals = {}, {}
     for c in comparisons(plan):
         a, b = by.get(c["a"], {}), by.get(c["b"], {})
@@ -582,7 +589,9 @@ def report_table(summary: dict) -> str:
         lines.append(f"| {name} | {t['a']} − {t['b']} | {f(t['mean'])} | {f(t['p'], 4)} | {f(t['p_holm'], 4)} | "
                      f"{t['rejected']} |")
     g = summary["bf16_gain"]
-    lines += ["", f"Gain of {summary.get('baseline', 'bf16')} over the SFT model ({key}): {f(g['mean'])} "
+    against = ("its run's first-quarter reward (the SFT model's rollouts and first updates)"
+               if g.get("reference") == "first_reward" else "the SFT model")
+    lines += ["", f"Gain of {summary.get('baseline', 'bf16')} over {against} ({key}): {f(g['mean'])} "
               f"[{f(g['ci95'][0])}, {f(g['ci95'][1])}], "
               f"n = {g['n']}"]
     return "\n".join(lines)
