@@ -58,14 +58,32 @@ def test_readme_carries_the_plans_holm_family_and_its_detectable_effect(tmp_path
                          '[[arm]]\nname = "a"\n[[arm]]\nname = "b"\n')
     out = tmp_path / "out"
     (out / "toy").mkdir(parents=True)
-    study = {"plan": {"name": "toy-plan"}, "primary_metric": {"key": "final_reward"},
+    study = {"primary_metric": {"key": "final_reward"},
              "min_detectable_effect": {"alpha": 0.05, "by_comparison": {"b-vs-a": 0.123}},
              "holm": {"b-vs-a": {"mean": -0.64, "ci95": [-0.7, -0.58], "p": 0.001, "p_holm": 0.001,
-                                 "rejected": True}}}
+                                 "rejected": True}},
+             "baseline": "a", "bf16_gain": {"mean": 0.01, "ci95": [-0.05, 0.07], "n": 3, "reference": "first_reward"},
+             "arms": {"a": {"seeds": [0, 1, 2], "collapse": {"mean": 0.0}},
+                      "b": {"seeds": [0, 1, 2], "collapse": {"mean": 2 / 3}}},
+             "plan": {"name": "toy-plan", "document": {"collapse": {"window": 10, "drop": 0.2}}}}
     (out / "toy" / "summary.json").write_text(json.dumps(study))
     assert ladder_rung3.main(["--plan", f"{plan_path}:{work}", "--out", str(out)]) == 0
     text = (out / "README.md").read_text()
     assert "| b-vs-a | -0.640 [-0.700, -0.580] |" in text and "±0.123" in text and "different" in text
-    assert "| b | 0.110" in text and "| 1.50 [1.50, 1.50] |" in text
+    assert "**not shown**" in text and "b 2/3" in text and "a 0/3" not in text
+    assert "| b | 0.110" in text and "| 1.50 [1.50, 1.50] |" in text and "| baseline |" in text
     doc = json.loads((out / "summary.json").read_text())
     assert math.isclose(doc["tasks"]["toy-plan"]["arms"]["b"]["time_vs_baseline"]["mean"], 1.5)
+
+
+def test_a_plan_whose_baseline_did_not_learn_gives_no_rank_context():
+    arms = {n: {m: {"per_seed": {0: v, 1: v + 0.01, 2: v - 0.01}, "mean": v} for m in ("final_reward", "auc")}
+            for n, v in (("a", 0.8), ("b", 0.5))}
+    plan = {"arms": arms, "budget": 1, "family": "llada"}
+    learned = ladder_rung3.rung3_contexts({"tasks": {"t": {**plan, "learned": True}}})
+    assert set(learned) == {"llada/t/final_reward", "llada/t/auc"}
+    assert learned["llada/t/final_reward"]["1"]["ranks"]["a"]["rank"] == 1
+    assert ladder_rung3.rung3_contexts({"tasks": {"t": {**plan, "learned": False}}}) == {}
+    assert ladder_rung3.testbed_learned({"bf16_gain": {"n": 5, "ci95": [0.1, 0.3]}}) is True
+    assert ladder_rung3.testbed_learned({"bf16_gain": {"n": 5, "ci95": [-0.1, 0.3]}}) is False
+    assert ladder_rung3.testbed_learned(None) is None

@@ -116,6 +116,7 @@ def run_rung2(out: Path, cfg: R2.Rung2Config, models: Path, log=print, supplemen
 
 def report(out: Path) -> dict:
     """README.md, ladder.json and mse_vs_L.png of `out` from the rungs' stored results."""
+    from dllm_ais.analysis.estimator_best_step import METRIC
     from dllm_ais.analysis.ladder_report import (
         BUDGETS,
         rank_table,
@@ -124,11 +125,13 @@ def report(out: Path) -> dict:
         rung2_readme,
         write_figure,
     )
+    from dllm_ais.analysis.ladder_text import RUNG1_BEST_STEP
 
     rungs, docs = {}, {}
     if (out / "rung1" / "results.json").is_file():
         docs["rung1"] = json.loads((out / "rung1" / "results.json").read_text())
         rungs["rung 1"] = rung1_contexts(docs["rung1"])
+        rungs[RUNG1_BEST_STEP] = rung1_contexts(docs["rung1"], METRIC)
     if (out / "rung2" / "results.json").is_file():
         docs["rung2"] = json.loads((out / "rung2" / "results.json").read_text())
         rungs["rung 2"] = rung2_contexts(docs["rung2"])

@@ -20,26 +20,29 @@ from dllm_ais.analysis.study_stats import paired_t
 BUDGETS = (1, 2, 4, 8, 16)
 
 
-def rung1_contexts(doc: dict) -> dict[str, dict]:
-    """{context: {budget: {"ranks", "chosen", "mse"}}} of rung 1's results.json (exact; seeds paired)."""
+def rung1_contexts(doc: dict, metric: str = "mse") -> dict[str, dict]:
+    """{context: {budget: {"ranks", "chosen", "mse"}}} of rung 1's results.json (exact; seeds paired), ranked by
+    `metric`: the MSE, or estimator_best_step.METRIC (each estimator at its own best step size)."""
+    from dllm_ais.analysis.estimator_best_step import with_best_step
     from dllm_ais.analysis.estimator_report import family_rules, model_key
 
     cfg = doc["config"]
     out = {}
     for family, rule in family_rules(cfg):
         for ck in cfg["checkpoints"]:
-            models = [doc["per_model"][model_key(family, s, ck)][rule]["estimators"] for s in cfg["seeds"]]
+            models = [with_best_step(doc["per_model"][model_key(family, s, ck)][rule]["estimators"])
+                      for s in cfg["seeds"]]
             ctx = {}
             for b in cfg["budgets"]:
-                chosen = chosen_settings(models, float(b))
+                chosen = chosen_settings(models, float(b), metric)
                 n = len(models)
-                mse = {k: sum(m[k][kb]["mse"] for m in models) / n for k, kb in chosen.items()}
+                mse = {k: sum(m[k][kb][metric] for m in models) / n for k, kb in chosen.items()}
 
                 def better(a, c, chosen=chosen, models=models):
-                    hi = paired_t([m[a][chosen[a]]["mse"] - m[c][chosen[c]]["mse"] for m in models])["ci95"][1]
+                    hi = paired_t([m[a][chosen[a]][metric] - m[c][chosen[c]][metric] for m in models])["ci95"][1]
                     return hi < 0
 
-                robust = ranking(models, float(b), list(cfg["seeds"]))
+                robust = ranking(models, float(b), list(cfg["seeds"]), metric)
                 ctx[str(b)] = {"ranks": rank_intervals(mse, better), "chosen": chosen, "mse": mse,
                                "robust_winner": robust["winner"] if robust.get("robust") else None}
             out[f"{family}/{rule}/ck{ck}"] = ctx

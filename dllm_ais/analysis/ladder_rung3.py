@@ -80,10 +80,13 @@ def summarise(work: Path, plan_doc: dict) -> dict:
 
 
 def rung3_contexts(summary: dict) -> dict[str, dict]:
-    """{task/metric: {budget: {"ranks", "chosen", "mse"}}}: each plan's arms ranked by final reward and by AUC
-    (higher better) with paired t over seeds, filed under the budget of rows per completion the plan fixed."""
+    """{family/task/metric: {budget: {"ranks", "chosen", "mse"}}}: each plan's arms ranked by final reward and by AUC
+    (higher better) with paired t over seeds, filed under the budget of rows per completion the plan fixed; a plan
+    whose baseline did not learn (testbed_learned False) gives no context."""
     out = {}
     for task, plan in summary.get("tasks", {}).items():
+        if plan.get("learned") is False:  # the testbed did not learn: its ranks would be noise (testbed_learned)
+            continue
         arms, b = plan["arms"], str(plan["budget"])
         for metric in ("final_reward", "auc"):
             vals = {n: a[metric]["per_seed"] for n, a in arms.items()}
@@ -95,7 +98,7 @@ def rung3_contexts(summary: dict) -> dict[str, dict]:
                 return lo > 0
 
             score = {n: -arms[n][metric]["mean"] for n in names}  # rank 1 = highest reward
-            out[f"{task}/{metric}"] = {b: {"ranks": rank_intervals(score, better),
+            out[f"{plan.get('family', 'llada')}/{task}/{metric}"] = {b: {"ranks": rank_intervals(score, better),
                                            "chosen": {n: n for n in names}, "mse": score}}
     return out
 
@@ -135,6 +138,15 @@ def write_figure(tasks: dict[str, dict[str, list[list[float]]]], path: Path) -> 
     fig.savefig(path, dpi=100, metadata={"Software": None})
 
 
+def testbed_learned(doc: dict | None) -> bool | None:
+    """Whether the plan's baseline arm gained distinguishably (the lower end of the 95 % interval of its paired gain
+    over the SFT model or its first quarter above 0): the plan's testbed can show learning at all. None: unknown."""
+    g = (doc or {}).get("bf16_gain")
+    if not g or not g.get("n"):
+        return None
+    return bool(g["ci95"][0] > 0)
+
+
 def plan_summary(out: Path, plan_name: str) -> dict | None:
     """The study machinery's summary.json of the plan named `plan_name` in a folder under `out`, if written."""
     for path in sorted(out.glob("*/summary.json")):
@@ -159,6 +171,22 @@ def holm_lines(doc: dict | None) -> list[str]:
         verdict = "different" if t["rejected"] else "not distinguishable"
         lines.append(f"| {name} | {t['mean']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}] | {t['p']:.2g} | "
                      f"{t['p_holm']:.2g} | {verdict} | ±{mde[name]:.3f} |")
+    g, base = doc.get("bf16_gain"), doc.get("baseline", "the baseline")
+    if g and g.get("n"):
+        against = "its first-quarter reward" if g.get("reference") == "first_reward" else "the SFT model"
+        learned = testbed_learned(doc)
+        lines += ["", f"Does the testbed learn at all? {base}'s gain over {against}: {g['mean']:+.3f} "
+                  f"[{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] (n = {g['n']}): " +
+                  ("yes." if learned else "**not shown** — under this plan the baseline did not learn "
+                   "distinguishably, so a null comparison here is no evidence about the likelihoods, and the "
+                   "ladder's rank table leaves this task out.")]
+    coll = {a: e["collapse"]["mean"] * len(e["seeds"]) for a, e in doc.get("arms", {}).items()
+            if e.get("collapse", {}).get("mean")}
+    if coll:
+        rule = doc.get("plan", {}).get("document", {}).get("collapse", {})
+        lines += ["", f"Collapsed runs (the plan's rule: reward falls by {rule.get('drop', '?')} within "
+                  f"{rule.get('window', '?')} steps): " + ", ".join(
+                      f"{a} {round(n)}/{len(doc['arms'][a]['seeds'])}" for a, n in coll.items()) + "."]
     return lines + [""]
 
 
@@ -173,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         import tomli as tomllib
 
     from dllm_ais.atomic import atomic_write_text
+    from dllm_ais.presets import get_preset
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", action="append", required=True, help="PLAN.toml:WORK_DIR (repeat per task)")
@@ -187,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         task = doc["plan"]["name"]
         summary["tasks"][task] = {"plan": plan_path, "preset": doc["plan"]["preset"],
                                   "budget": doc["plan"].get("rows_per_completion", 1),
+                                  "baseline": doc["plan"].get("baseline"),
+                                  "family": get_preset(doc["plan"]["preset"]).model.family,
                                   "arms": summarise(Path(work), doc)}
+        summary["tasks"][task]["learned"] = testbed_learned(plan_summary(out, task))
         figs[task] = curves(Path(work), doc)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     write_figure(figs, out / "curves.png")
@@ -196,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
              "`dllm_ais/analysis/ladder_rung3.py`); the plans' own reports are beside this file. Mean over seeds "
              "[95 % t-interval]; seconds per step are paired by seed against the plan's baseline arm (the arms of a "
              "seed ran side by side; the machine's load changed over the study, so absolute seconds are not "
-             "comparable across seeds).", "", "![curves](curves.png)", ""]
+             "comparable across seeds)." + (" How the runs were made (commits, machine, load, what was interrupted): "
+                                            "[RUN.md](RUN.md)." if (out / "RUN.md").is_file() else ""), "",
+             "![curves](curves.png)", ""]
     for task, t in summary["tasks"].items():
         lines += [f"## {task} (`{t['plan']}`, preset {t['preset']}, {t['budget']} forward row per completion)", "",
                   "| arm | final reward | AUC (mean reward over steps) | s per step | × baseline's time | seeds |",
@@ -204,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         for arm, e in t["arms"].items():
             cell = lambda k, e=e: f"{e[k]['mean']:.3f} [{e[k]['ci95'][0]:.3f}, {e[k]['ci95'][1]:.3f}]"  # noqa: E731
             ratio = e.get("time_vs_baseline")
-            ratio = f"{ratio['mean']:.2f} [{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}]" if ratio else "—"
+            ratio = ("baseline" if arm == t["baseline"] else "—" if not ratio else
+                     f"{ratio['mean']:.2f} [{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}]")
             lines.append(f"| {arm} | {cell('final_reward')} | {cell('auc')} | {cell('seconds_per_step')} | "
                          f"{ratio} | {len(e['auc']['per_seed'])} |")
         lines += [""] + holm_lines(plan_summary(out, task))

@@ -15,6 +15,8 @@ RUNG3 = ("python scripts/study_corrections.py --plan study/estimators-rl-digits.
          "runs/estimators-rl-arith-v2), then python -m dllm_ais.analysis.ladder_rung3 (the plans' headers hold the "
          "full commands)")
 """Rung 3's commands."""
+RUNG1_BEST_STEP = "rung 1, best step"
+"""The column of rung 1 ranked by each estimator's MSE at its own best step size (estimator_best_step.py)."""
 
 
 def _rung2_command(c: dict, Ls: list[int], paths: list[int]) -> str:
@@ -76,13 +78,17 @@ def _names(families: list[str]) -> str:
 
 def scale(rung: str, docs: dict) -> str:
     """At which scale a rung's answer holds, from its stored config."""
+    if rung == RUNG1_BEST_STEP:
+        return ("rung 1's testbed and numbers, each estimator scaled by its own best scalar step first (min_c "
+                "E‖c ĝ − g*‖² / ‖g*‖²: a tuned learning rate undoes a fixed shrinkage such as MDPO's λ_t weights; "
+                "estimator_best_step.py)")
     if rung == "rung 1":
         c = docs["rung1"]["config"]
         t = c["testbed"]
         fams = _names(c.get("families", ["llada"]))
         return (f"exact enumeration: tiny {fams} ({t['n_layers']} layer, d_model {t['d_model']}), V_c = {t['vocab']}, "
                 f"L = {t['gen_length']}, {t['num_prompts']} prompts; {len(c['seeds'])} seeds × checkpoints "
-                f"{c['checkpoints']} (SFT steps); every parameter")
+                f"{c['checkpoints']} (SFT steps); every parameter; the MSE at one shared step size")
     if rung == "rung 2":
         c = docs["rung2"]["config"]
         m = c["models"]
@@ -94,7 +100,14 @@ def scale(rung: str, docs: dict) -> str:
                 f"(SFT to reward {m['sft_target']}, then {m['rl_steps']} GRPO steps), L = "
                 f"{'–'.join(map(str, sorted({Ls[0], Ls[-1]})))}; {cells}; "
                 f"paths per cell {paths}; the LM head's coordinates of the gradient")
-    return "RL: pre-registered learning curves on two CPU tasks (study/estimators-rl-*.toml), 5 seeds"
+    tasks = docs["rung3"]["tasks"]
+    runs = "; ".join(f"{name} (`{t['plan']}`, preset {t['preset']}, "
+                     f"{max(len(a['final_reward']['per_seed']) for a in t['arms'].values())} seeds, "
+                     f"{t['budget']} forward row per completion in every arm" +
+                     ("; LEFT OUT of the ranks: its baseline did not learn distinguishably, see rung3/README.md)"
+                      if t.get("learned") is False else ")") for name, t in tasks.items())
+    return ("RL: pre-registered learning curves, one context per task and metric (final reward, AUC; higher is "
+            f"better, ranked by paired t over seeds): {runs}")
 
 
 def _best(contexts: dict, b: str) -> set[str]:
@@ -131,15 +144,17 @@ def readme(rungs: dict[str, dict], docs: dict, table: list[str]) -> str:
                                                                          "rung 3" in rungs else "") + ".", "",
              "Each rung ranks every policy likelihood's GRPO gradient by its MSE against the gradient of the "
              "sampler that ran (g* = ∇J̃, exact-likelihood GRPO's expected gradient), each estimator at its best "
-             "setting whose *measured* forward rows per completion fit the budget. A rank interval moves only past "
-             "estimators whose paired 95 % interval of the MSE difference excludes 0.", "",
+             "setting whose *measured* forward rows per completion fit the budget (rung 3 ranks the learning curves' "
+             "reward instead, every arm at the same rows). A rank interval moves only past estimators whose paired "
+             "95 % interval of the difference excludes 0.", "",
              "## What each rung has", ""] + status(docs) + ["",
              "## The answer, by budget", "",
              "| forward rows per completion | " + " | ".join(rungs) + " |", "|---|" + "---|" * len(rungs)]
     for b in BUDGETS:
         lines.append(f"| ≤ {b} | " + " | ".join(answer(aggregate(rungs[r], str(b))) for r in rungs) + " |")
     lines += ["", "'best in k/n': point rank 1 in k of the rung's n contexts (rung 1: sampler × checkpoint; rung 2: "
-              "family × checkpoint × L × sampler); 'robust in k/n' (rung 1 only): the lowest mean MSE in k contexts "
+              "family × checkpoint × L × sampler; rung 3: task × metric); 'robust in k/n' (rung 1 only): the lowest "
+              "mean MSE in k contexts "
               "where no single seed left out changes it and it wins a majority of seeds; 'can be best': no other "
               "estimator distinguishably better. A point rank is not an answer: in rung 1 one seed can flip it (the "
               "per-context answers that survive leaving any seed out are in rung1/README.md); in rung 2 read it beside "
