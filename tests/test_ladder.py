@@ -67,3 +67,24 @@ def test_paths_per_length():
         ladder.rung2_config("full", (8,), ladder.parse_paths("12:100"))
     with pytest.raises(SystemExit, match="L:N"):
         ladder.parse_paths("8:many")
+
+
+def test_the_committed_reports_are_what_the_report_command_writes_from_the_committed_results(tmp_path):
+    """benchmarks/estimators' README.md and ladder.json, and rung 1's README, regenerate byte for byte from the
+    committed results (rung1/results.json, rung2/results.json, rung3/summary.json): a report edited by hand, or code
+    that changed the report without regenerating it, fails here."""
+    import shutil
+    from pathlib import Path
+
+    from dllm_ais.analysis import estimators
+
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "estimators"
+    shutil.copytree(repo / "benchmarks" / "estimators", out)
+    ladder.report(out)
+    for name in ("README.md", "ladder.json"):
+        assert (out / name).read_bytes() == (repo / "benchmarks" / "estimators" / name).read_bytes(), name
+    assert estimators.main(["--out", str(out / "rung1"), "--report-only"]) == 0
+    for name in ("README.md", "results.json"):
+        got, want = (out / "rung1" / name).read_bytes(), (repo / "benchmarks/estimators/rung1" / name).read_bytes()
+        assert got == want, f"rung1/{name}"

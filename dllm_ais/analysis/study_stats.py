@@ -7,6 +7,7 @@ incomplete beta function (Lentz's continued fraction), accurate to ~1e-10 over t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -57,8 +58,10 @@ def t_sf(t: float, df: float) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, df: float) -> float:
-    """The t value with P(T <= t) = p (bisection on `t_sf`; |t| < 1e4)."""
+    """The t value with P(T <= t) = p (bisection on `t_sf`; |t| < 1e4). Cached: reports ask for the same few
+    (0.975, n − 1) thousands of times, each a 200-step bisection."""
     lo, hi = -1e4, 1e4
     for _ in range(200):
         mid = 0.5 * (lo + hi)
