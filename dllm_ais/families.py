@@ -102,8 +102,9 @@ class Family:
     native_kv_cache: bool = False
     """The family's sampler always keeps a KV cache of the canvas (SDAR's per-block cache): the plan counts it."""
     replay_step_canvases: int = 1
-    """Full-canvas forwards one replayed step costs (SDAR: one two-stream forward of twice the canvas, 2); the plan
-    multiplies the replayed steps, after `--trajectory-merge` grouped them, by it."""
+    """Full-canvas forwards one likelihood forward costs — a replayed step, or one mask draw of an ELBO-like
+    likelihood (SDAR: one two-stream [x_t | x_0] forward of twice the canvas, 2); the plan multiplies the replayed
+    steps (after `--trajectory-merge` grouped them) and the draws by it."""
     fused_producers: bool = False
     """The rollout copy runs the fused FP8 producers on CUDA (plan/memory.py counts their working set)."""
     graphed_sampling: bool = False

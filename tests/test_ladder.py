@@ -82,9 +82,23 @@ def test_the_committed_reports_are_what_the_report_command_writes_from_the_commi
     out = tmp_path / "estimators"
     shutil.copytree(repo / "benchmarks" / "estimators", out)
     ladder.report(out)
-    for name in ("README.md", "ladder.json"):
+    for name in ("README.md", "ladder.json", "answer.md"):
         assert (out / name).read_bytes() == (repo / "benchmarks" / "estimators" / name).read_bytes(), name
     assert estimators.main(["--out", str(out / "rung1"), "--report-only"]) == 0
     for name in ("README.md", "results.json"):
         got, want = (out / "rung1" / name).read_bytes(), (repo / "benchmarks/estimators/rung1" / name).read_bytes()
         assert got == want, f"rung1/{name}"
+
+
+def test_the_readme_answer_is_the_ladders_table():
+    """README.md's answer block is benchmarks/estimators/answer.md, which `ladder.report` writes (the test above
+    checks that file regenerates from the committed results)."""
+    from pathlib import Path
+
+    from dllm_ais.analysis.ladder_answer import ANSWER_BEGIN, ANSWER_END
+
+    repo = Path(__file__).resolve().parent.parent
+    readme = (repo / "README.md").read_text()
+    block = readme[readme.index(ANSWER_BEGIN):readme.index(ANSWER_END) + len(ANSWER_END)]
+    assert block + "\n" == (repo / "benchmarks" / "estimators" / "answer.md").read_text()
+    assert "| ≤ 1 |" in block and "rung 3" in block

@@ -127,3 +127,36 @@ def test_the_plan_counts_sdars_cached_rollout_forwards_as_the_sampler_runs(promp
     assert sum(ps.calls for ps in passes) == rollout.nfe
     assert all(ps.tokens <= max(p.sampler.block_length, prompt_len) for ps in passes)
     assert plan.memory.kv_cache > 0
+
+
+@pytest.mark.parametrize("policy", ["elbo", "ebpo"])
+def test_the_plan_counts_an_elbo_draw_as_one_two_stream_forward_of_two_canvases(monkeypatch, policy):
+    """SDAR's block ELBO and EBPO score each mask draw with one two-stream [x_t | x_0] forward (twice the canvas), as
+    its path-law replay scores a step: the plan counts 2 canvases a draw (it counted 1 before, half what runs). The
+    forwards are counted on a real evaluation of a tiny SDAR: each call's rows per sequence, times 2 canvases."""
+    from dataclasses import replace
+
+    import dllm_ais.models.sdar.likelihood as lik
+    from dllm_ais.models.sdar.backend import build_backend
+    from dllm_ais.plan.predict import make_plan
+
+    tiny = get_preset("tiny-sdar")
+    train = replace(tiny.train, policy_logprob=policy, likelihood=replace(tiny.train.likelihood, elbo_draws=3))
+    p = replace(tiny, train=train)
+    draws = make_plan(p, "h100").workload.policy_draws
+    assert draws == 2 * 3
+
+    sampler = replace(tiny.sampler, sdar_strategy="low_confidence_static")
+    model = tiny_sdar_model(seed=0)
+    backend = build_backend(sampler, model, None, train)
+    g = torch.Generator().manual_seed(0)
+    B = 2
+    prompt = torch.randint(5, 100, (B, 5), generator=g)
+    rollout = backend.sample(model, prompt, torch.ones_like(prompt, dtype=torch.bool), g)
+    rows = []
+    forward = lik.two_stream_logits
+    monkeypatch.setattr(lik, "two_stream_logits", lambda m, noisy, *a, **k: rows.append(noisy.shape[0]) or forward(
+        m, noisy, *a, **k))
+    with torch.no_grad():
+        backend.token_logp(model, rollout, 0)
+    assert rows and 2 * sum(rows) == draws * B

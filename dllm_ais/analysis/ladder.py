@@ -154,6 +154,9 @@ def report(out: Path) -> dict:
     from dllm_ais.analysis.ladder_text import readme
 
     (out / "README.md").write_text(readme(rungs, docs, table))
+    from dllm_ais.analysis.ladder_answer import answer_block
+
+    (out / "answer.md").write_text(answer_block(rungs) + "\n")
     ladder = {r: {b: {k: v for k, v in _agg(rungs[r], str(b)).items()} for b in BUDGETS} for r in rungs}
     _write_json(out / "ladder.json", ladder)
     return ladder

@@ -329,17 +329,17 @@ def workload_from_preset(preset, *, prompt_len: int | None = None, gpus: int = 1
     family = get_family(preset.model.family)
     committing = family.plan_commit_steps(sc) if family.plan_commit_steps is not None else sc.steps
     replayed = min(tc.trajectory_steps, committing) if tc.trajectory_steps is not None else committing
-    cost = family.replay_step_canvases  # canvases one replayed step costs (SDAR: a two-stream forward, 2)
+    cost = family.replay_step_canvases  # canvases one likelihood forward costs (SDAR: a two-stream forward, 2)
     if policy == "trajectory":
         draws = -(-replayed // merge) * cost
     elif policy == "one_step":
         draws = 1
     elif policy in family.own_policy_logprobs:  # a family's own likelihood (SDAR's ebpo): the family counts it
-        draws = family.plan_policy_rows(tc, sc)
+        draws = family.plan_policy_rows(tc, sc) * cost
     else:  # a mask-draw likelihood: its registry object knows its rows (mdpo, dtreerpo: capped by the steps)
         from dllm_ais.likelihood.policy import policy_likelihood
 
-        draws = policy_likelihood(policy, tc.likelihood, sc.block_length, sc.steps).rows_per_sequence
+        draws = policy_likelihood(policy, tc.likelihood, sc.block_length, sc.steps).rows_per_sequence * cost
     rollout_prompt = -(-prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET if compiled else prompt_len
     return Workload(
         rows=tc.prompts_per_step * gc.num_generations, prompt_len=prompt_len, rollout_prompt_len=rollout_prompt,

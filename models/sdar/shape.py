@@ -105,6 +105,7 @@ def plan_rollout_passes(w) -> list:
 
 
 def plan_policy_rows(train, sampler) -> int:
-    """Forward rows per sequence of one evaluation of SDAR's own policy likelihood (`ebpo`, models/sdar/ebpo.py):
-    one two-stream forward per draw, K = --elbo-draws, as the block-wise ELBO."""
+    """Two-stream forwards per sequence of one evaluation of SDAR's own policy likelihood (`ebpo`,
+    models/sdar/ebpo.py): one per draw, K = --elbo-draws, as the block-wise ELBO (the plan counts each as
+    Family.replay_step_canvases = 2 canvases)."""
     return train.likelihood.elbo_draws
