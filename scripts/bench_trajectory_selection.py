@@ -52,15 +52,15 @@ def _sft_model(preset, work: Path):
 
 def _trained_model(run: Path):
     """The latest checkpoint of a training run directory (model, tokenizer, chat template on)."""
-    from transformers import AutoTokenizer
-
     from dllm_ais.families import get_family as family
+    from dllm_ais.models.load import load_tokenizer
     from dllm_ais.train.run_dir import RunDir
 
     ckpt = RunDir(run).latest() / "model"
-    tok = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
+    model = family("llada").load_dir(ckpt, dtype=torch.float32, device="cpu").eval()
+    tok = load_tokenizer(ckpt, model.config)
     tok.padding_side = "left"
-    return family("llada").load_dir(ckpt, dtype=torch.float32, device="cpu").eval(), tok, True
+    return model, tok, True
 
 
 def _copies(model):

@@ -57,16 +57,18 @@ def g_test(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, int, 
 
 
 def g_test_two_sample(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int, float]:
-    """(G, df, p) of the homogeneity of two count vectors [K] of equal totals (bins expecting < 5 pooled)."""
-    expected = (a + b).double() / 2
-    small = expected < 5
-    a = torch.cat([a[~small], a[small].sum()[None]]).double()
-    b = torch.cat([b[~small], b[small].sum()[None]]).double()
-    e = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = e > 0
-    a, b, e = a[keep], b[keep], e[keep]
-    term = lambda o: torch.where(o > 0, o * (o / e).log(), torch.zeros_like(o)).sum()  # noqa: E731
-    G = 2 * float(term(a) + term(b))
+    """(G, df, p) of the homogeneity of two count vectors [K] (totals may differ: each bin's pooled count splits in
+    proportion to the totals; bins whose smaller expectation is < 5 are pooled)."""
+    na, nb = float(a.sum()), float(b.sum())
+    pooled = (a + b).double()
+    ea, eb = pooled * na / (na + nb), pooled * nb / (na + nb)
+    small = torch.minimum(ea, eb) < 5
+    fold = lambda x: torch.cat([x[~small], x[small].sum()[None]])  # noqa: E731
+    a, b, ea, eb = fold(a.double()), fold(b.double()), fold(ea), fold(eb)
+    keep = (ea + eb) > 0
+    a, b, ea, eb = a[keep], b[keep], ea[keep], eb[keep]
+    term = lambda o, e: torch.where(o > 0, o * (o / e).log(), torch.zeros_like(o)).sum()  # noqa: E731
+    G = 2 * float(term(a, ea) + term(b, eb))
     return G, a.numel() - 1, _p_value(G, a.numel() - 1)
 
 

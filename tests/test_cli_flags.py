@@ -398,17 +398,17 @@ def test_mismatch_kl_panel_says_it_is_an_estimate():
 @pytest.mark.slow
 def test_tiny_qwen_preset_learns_within_a_minute(tmp_path):
     """Before: 300 SFT steps (5.5 of 6.2 minutes) and a reward that fell over the RL steps. Now a short SFT (40 steps,
-    ~2 s) and the preset's first 60 RL steps (of 100) already raise the reward; deterministic for seed 0 on CPU (one
-    seed)."""
+    ~2 s) and the preset's first 30 RL steps (of 100) already raise the reward (seed 0 on CPU, deterministic: the
+    first 10 steps' mean 0.10, steps 21-30 0.28; by step 60 0.66 — one seed)."""
     from dllm_ais import metrics as M
     from dllm_ais.train.job import run_training
 
     p = get_preset("tiny-qwen")
     assert p.train.sft_steps <= 40
-    run_training(replace(p, train=replace(p.train, steps=60)), tmp_path / "run", progress=False)
+    run_training(replace(p, train=replace(p.train, steps=30)), tmp_path / "run", progress=False)
     rewards = [r[M.REWARD_MEAN] for r in M.read_metrics(tmp_path / "run")]
-    first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
-    assert len(rewards) == 60 and last > first + 0.05, (first, last)
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert len(rewards) == 30 and last > first + 0.05, (first, last)
 
 
 @pytest.mark.slow

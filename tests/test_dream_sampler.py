@@ -257,3 +257,19 @@ def test_alg_temp_draws_the_positions(alg):
     expected = torch.softmax(conf / 1.0, -1)
     assert torch.allclose(firsts[1.0], expected, atol=0.04), (firsts[1.0], expected)
     assert float(firsts[1.0][0]) < 0.9
+
+
+def test_the_two_sample_g_test_takes_unequal_totals():
+    """Homogeneous samples of different sizes are not rejected; a shifted one is; equal totals give the classic
+    statistic (expected = half the pooled count)."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    a = torch.bincount(torch.multinomial(probs, 10_000, True, generator=g), minlength=4)
+    b = torch.bincount(torch.multinomial(probs, 20_000, True, generator=g), minlength=4)
+    shifted = torch.bincount(torch.multinomial(torch.tensor([0.45, 0.35, 0.15, 0.05]), 20_000, True, generator=g),
+                             minlength=4)
+    assert g_test_two_sample(a, b)[2] > 0.01 and g_test_two_sample(a, shifted)[2] < 1e-6
+    c, d = torch.tensor([30, 70]), torch.tensor([50, 50])
+    e = (c + d).double() / 2
+    classic = 2 * float((c * (c / e).log()).sum() + (d * (d / e).log()).sum())
+    assert abs(g_test_two_sample(c, d)[0] - classic) < 1e-9

@@ -114,8 +114,8 @@ def run_rung2(out: Path, cfg: R2.Rung2Config, models: Path, log=print, supplemen
     log(f"rung 2: {timing['seconds']:.0f} s (models {timing['models_seconds']:.0f} s)")
 
 
-def report(out: Path) -> dict:
-    """README.md, ladder.json and mse_vs_L.png of `out` from the rungs' stored results."""
+def report(out: Path, figures: bool = True) -> dict:
+    """README.md, ladder.json, answer.md and (figures) mse_vs_L.png of `out` from the rungs' stored results."""
     from dllm_ais.analysis.estimator_best_step import METRIC
     from dllm_ais.analysis.ladder_report import (
         BUDGETS,
@@ -135,7 +135,8 @@ def report(out: Path) -> dict:
     if (out / "rung2" / "results.json").is_file():
         docs["rung2"] = json.loads((out / "rung2" / "results.json").read_text())
         rungs["rung 2"] = rung2_contexts(docs["rung2"])
-        write_figure(docs["rung2"], out / "mse_vs_L.png")
+        if figures:
+            write_figure(docs["rung2"], out / "mse_vs_L.png")
         from dllm_ais.analysis.ladder_text import status
 
         run_md = ["", "How this folder's run was made (command, machine, load, versions): [RUN.md](RUN.md)."] if (

@@ -316,10 +316,11 @@ def sft_scores(plan: Plan, work: Path, seed: int) -> dict:
     cache = study.warm_start(plan.config, work, seed)
     preset = study.study_preset(plan.config, seed)
     import torch
-    from transformers import AutoTokenizer
+
+    from dllm_ais.models.load import load_tokenizer
 
     model = family(preset.model.family).load_dir(cache, dtype=getattr(torch, preset.model.dtype), device="cpu")
-    tok = AutoTokenizer.from_pretrained(str(cache), local_files_only=True)
+    tok = load_tokenizer(cache, model.config)  # the model's config: no "model of type llada" warning
     tok.padding_side = "left"
     t1 = _evaluate(model, tok, preset, plan, plan.primary_temperature)
     greedy = _evaluate(model, tok, preset, plan, 0.0)
