@@ -3,10 +3,12 @@ pre-registered plans (study/estimators-rl-*.toml, run by scripts/study_correctio
 
 Per plan (one CPU task) and arm (one likelihood at equal forward rows per step): final reward (mean of the last
 quarter of steps: study.quarter_means, the plan's `final_reward`), area under the reward curve (mean reward over all
-steps: the AUC normalised by the number of steps), wall-clock seconds per GRPO step — each a mean over seeds with a
-95 % t-interval — and paired differences against the plan's baseline arm (the pre-registered comparisons and their
-Holm correction come from the study machinery's summary.json). Contexts for the ladder's rank table: one per (task,
-metric), ranks from paired t-intervals over seeds (higher reward = better).
+steps: the AUC normalised by the number of steps), wall-clock seconds per GRPO step (from the runs' `time/step` rows)
+— each a mean over seeds with a 95 % t-interval — and the seconds relative to the plan's baseline arm, paired by
+seed. The pre-registered comparisons, their Holm correction, the detectable effect and whether the baseline learned
+at all come from the study machinery's summary.json beside the report. Contexts for the ladder's rank table: one per
+(family, task, metric), ranks from paired t-intervals over seeds (higher reward = better); a task whose baseline did
+not learn gives none.
 """
 
 from __future__ import annotations
