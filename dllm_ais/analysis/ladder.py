@@ -146,6 +146,7 @@ def report(out: Path, figures: bool = True) -> dict:
              "Written by `python -m dllm_ais.analysis.ladder`; numbers from `results.json` (method: module docs of "
              "`dllm_ais/analysis/mc_ground_truth.py` and `mc_stats.py`).", "", status({"rung2": docs["rung2"]})[1]]
             + run_md + rung2_readme(docs["rung2"])) + "\n")
+    docs["rung2_supplements"] = sorted(p.name for p in out.glob("rung2-supplement-*") if (p / "README.md").is_file())
     from dllm_ais.analysis.ladder_rung3 import rung3_contexts
 
     if (out / "rung3" / "summary.json").is_file():

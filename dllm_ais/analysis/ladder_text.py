@@ -172,8 +172,11 @@ def readme(rungs: dict[str, dict], docs: dict, table: list[str]) -> str:
         missing = sorted({k for ctx in rungs["rung 1"].values() for c in ctx.values() for k in c["ranks"]}
                          - {k for ctx in rungs["rung 2"].values() for c in ctx.values() for k in c["ranks"]})
         if missing:
+            sups = docs.get("rung2_supplements", [])
             lines.append(f"- not measured in rung 2's cells (a disagreement there is no evidence): "
-                         f"{', '.join(missing)}.")
+                         f"{', '.join(missing)}" + ("" if not sups else " (measured on part of the grid, outside these "
+                                                     "tables: " + ", ".join(f"[{n}]({n}/README.md)" for n in sups)
+                                                     + ")") + ".")
     if "rung2" in docs:
         lines += ["", "![MSE vs L](mse_vs_L.png)", "",
                   "Rung 2's MSE relative to ‖g*‖² against the completion length, each estimator at its best setting "
