@@ -38,6 +38,7 @@ import torch  # noqa: E402
 import triton.runtime.jit  # noqa: E402
 
 from dllm_ais.fp8 import backends, eager  # noqa: E402
+from dllm_ais.fp8.fused_copy import producer_impl  # noqa: E402
 from dllm_ais.models.llada import fused_fp8 as fl  # noqa: E402
 from dllm_ais.models.llada.model import LLaDABlock, LLaDAConfig, rope_cos_sin  # noqa: E402
 
@@ -85,7 +86,7 @@ def layer_variants(config: LLaDAConfig, batch: int, rows: int, cache: int | None
     fused_bf16 = fl.FusedLLaDABlock(config, None, meta, bf16)
     fused_fp8 = fl.FusedLLaDABlock(config, "cublas", meta, bf16)
     backends.prepare_gemm_shapes(fused_fp8, [batch * rows])  # cuBLAS's acceptance decided up front, as rollouts do
-    impl = fl._producer_impl("block", "triton")
+    impl = producer_impl("block", "triton")
     d, H, D = config.d_model, config.n_heads, config.head_dim
     x = torch.randn(batch, rows, d, device=meta).to(bf16)
     keys = cache or rows

@@ -255,4 +255,5 @@ def test_the_plan_counts_ebpo_rows_through_the_family():
     p = get_preset("tiny-sdar")
     q = replace(p, train=replace(p.train, policy_logprob="ebpo", likelihood=replace(p.train.likelihood, elbo_draws=3)))
     w = workload_from_preset(q, prompt_len=8)
-    assert w.policy == "ebpo" and w.policy_draws == 3  # one two-stream forward per draw (models/sdar/shape.py)
+    # one two-stream forward per draw (models/sdar/shape.py), two canvases each (Family.replay_step_canvases)
+    assert w.policy == "ebpo" and w.policy_draws == 2 * 3

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_ais.fp8.backends import check_backend, prepare_gemm_shapes
+from dllm_ais.fp8.fused_copy import FusedCopy
 from dllm_ais.fp8.fused_sync import load_rows, round_up
 from dllm_ais.fp8.linear import FP8Linear, resolve_auto
 from dllm_ais.fp8.quant import BLOCK
@@ -98,7 +99,7 @@ class FusedDreamLayer(nn.Module):
         return x + self.down(F.silu(gu[..., :self.h]) * gu[..., self.hp:self.hp + self.h])
 
 
-class FusedDream(nn.Module):
+class FusedDream(FusedCopy):
     """Inference-only rollout copy of a DreamModel: forward(input_ids, attention_mask, positions, kv_cache,
     window_start, position_ids) -> raw .logits, as the master's (`shifted_logits` too)."""
 
@@ -114,20 +115,10 @@ class FusedDream(nn.Module):
         self.norm = DreamRMSNorm(config.hidden_size, config.rms_norm_eps).to(device=device, dtype=dtype)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
 
-    @property
-    def mask_token_id(self) -> int:
-        return self.config.mask_token_id
-
     def sync_from(self, master: nn.Module, gather=None, full=None) -> None:
         """Refill this copy from the master in place (fp8/sync.py `sync_weights` calls it; `gather` / `full` for an
         FSDP2-sharded master, train/fsdp_sync.py)."""
         sync_fused_dream(master, self, gather=gather, full=full)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | slice | None = None, kv_cache: KVCache | None = None,

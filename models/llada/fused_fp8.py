@@ -34,13 +34,13 @@ test setting; LLaDA-8B runs in bf16, where the two agree).
 from __future__ import annotations
 
 import contextlib
-from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 from dllm_ais.fp8 import producers
-from dllm_ais.fp8.backends import BACKENDS, PRODUCERS, check_backend, default_producers, prepare_gemm_shapes
+from dllm_ais.fp8.backends import check_backend, default_producers, prepare_gemm_shapes
+from dllm_ais.fp8.fused_copy import FusedCopy, forward_variant
 from dllm_ais.fp8.fused_sync import load_rows, round_up
 from dllm_ais.fp8.linear import FP8Linear, resolve_auto
 from dllm_ais.fp8.quant import BLOCK
@@ -55,23 +55,6 @@ FUSED_PARTS: dict[str, tuple[str, ...]] = {
     "ff_out": ("ff_out",),
 }
 """Fused linear of a rollout block -> the master block's linears stacked in it (official names), in order."""
-
-
-def _producer_impl(scheme: str, kind: str) -> SimpleNamespace:
-    """The producer functions of an FP8 fused forward: each emits the activation codes + scales its consumer GEMM
-    reads, in that GEMM's scheme ("block": 1×128 scales [M, G] with stride (1, M), what cuBLAS's blockwise mode and
-    the Triton GEMM read as is; "row": [M, 1], torch._scaled_mm's row-wise mode). Chosen once, at build time."""
-    if kind not in PRODUCERS:
-        raise ValueError(f"unknown producers {kind!r}; choose one of {', '.join(PRODUCERS)}")
-    if kind == "triton":
-        from dllm_ais.fp8 import ops as impl  # Triton: producer_kernels.py, row_producer_kernels.py
-
-        rope = impl.rope
-    else:
-        impl, rope = producers, producers.apply_rope
-    suffix = "quant" if scheme == "block" else "rowquant"
-    return SimpleNamespace(rmsnorm_quant=getattr(impl, f"rmsnorm_{suffix}"), silu_mul_quant=getattr(
-        impl, f"silu_mul_{suffix}"), attn_out_quant=getattr(impl, f"attn_out_{suffix}"), rope=rope)
 
 
 class FusedLLaDABlock(nn.Module):
@@ -133,9 +116,11 @@ def _block_plain(blk: FusedLLaDABlock, impl, x, cos, sin, attn_bias, kv=None, in
 BLOCK_FORWARDS = {"fp8_producers": _block_fp8_producers, "plain": _block_plain}
 
 
-class FusedLLaDA(nn.Module):
+class FusedLLaDA(FusedCopy):
     """Inference-only rollout copy of an LLaDAModelLM: forward(input_ids, attention_mask, positions) -> .logits,
     as the master's. `backend` None = the BF16 copy (master dtype), else an FP8 backend name."""
+
+    input_embeddings_name = "wte"
 
     def __init__(self, config: LLaDAConfig, backend: str | None, device, dtype: torch.dtype,
                  producers: str | None = None):
@@ -147,23 +132,11 @@ class FusedLLaDA(nn.Module):
         self.blocks = nn.ModuleList(FusedLLaDABlock(config, backend, device, dtype) for _ in range(config.n_layers))
         self.ln_f = RMSNorm(config.d_model, config.rms_norm_eps).to(device=device, dtype=dtype)
         self.lm_head = nn.Linear(config.d_model, config.embedding_size, bias=False, device=device, dtype=dtype)
-        has_gemm = backend is not None and BACKENDS[backend].gemm is not None
-        self.variant = "fp8_producers" if has_gemm else "plain"
-        self._impl = _producer_impl(BACKENDS[backend].scheme, self.producers) if has_gemm else None
-
-    @property
-    def mask_token_id(self) -> int:
-        return self.config.mask_token_id
+        self.variant, self._impl = forward_variant(backend, self.producers)
 
     def sync_from(self, master: nn.Module, gather=None, full=None) -> None:
         """Refill this copy from the master in place (fp8/sync.py `sync_weights` calls it): `sync_fused_llada`."""
         sync_fused_llada(master, self, gather=gather, full=full)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.wte
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | slice | None = None, kv_cache: KVCache | None = None,

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dllm_ais.fp8 import producers
-from dllm_ais.fp8.backends import BACKENDS, PRODUCERS, check_backend, default_producers, prepare_gemm_shapes
+from dllm_ais.fp8.backends import check_backend, default_producers, prepare_gemm_shapes
+from dllm_ais.fp8.fused_copy import FusedCopy, forward_variant
 from dllm_ais.fp8.fused_sync import load_rows, round_up, sync_plan
 from dllm_ais.fp8.linear import FP8Linear, resolve_auto
 from dllm_ais.fp8.quant import BLOCK
@@ -62,20 +62,6 @@ FUSED_PARTS: dict[str, tuple[str, ...]] = {
 MakeLinear = Callable[[int, int, torch.device, str], nn.Module]
 """make_linear(in_features, out_features, device, name) -> a quantised linear with `load_rows_(offset, weight)`
 (fp4/linear.py's FP4Linear: the emulated FP4 copy)."""
-
-
-def _producer_impl(scheme: str, kind: str) -> SimpleNamespace:
-    """The producers of the FP8 forward in the consumer GEMM's scale scheme ("block" 1×128, "row": one per row);
-    chosen once, at build time. qk_norm_rope emits model-dtype heads for SDPA (nothing is quantised there)."""
-    if kind not in PRODUCERS:
-        raise ValueError(f"unknown producers {kind!r}; choose one of {', '.join(PRODUCERS)}")
-    impl = producers
-    if kind == "triton":
-        from dllm_ais.fp8 import ops as impl  # Triton: producer_kernels.py, row_producer_kernels.py
-    suffix = "quant" if scheme == "block" else "rowquant"
-    return SimpleNamespace(rmsnorm_quant=getattr(impl, f"rmsnorm_{suffix}"),
-                           silu_mul_quant=getattr(impl, f"silu_mul_{suffix}"),
-                           attn_out_quant=getattr(impl, f"attn_out_{suffix}"), qk_norm_rope=impl.qk_norm_rope)
 
 
 class FusedSDARLayer(nn.Module):
@@ -158,7 +144,7 @@ def _layer_plain(layer: FusedSDARLayer, impl, x, cos, sin, mask, kv=None, index=
 LAYER_FORWARDS = {"fp8_producers": _layer_fp8_producers, "plain": _layer_plain}
 
 
-class FusedSDAR(nn.Module):
+class FusedSDAR(FusedCopy):
     """Inference-only rollout copy of an SDARModel: forward(input_ids, attention_mask, positions, kv_cache,
     window_start, position_ids, block_length) -> unshifted .logits, as the master's (models/sdar/model.py: the
     block-causal canvas, a window against the native KV cache, or an explicit 4-D mask)."""
@@ -179,24 +165,12 @@ class FusedSDAR(nn.Module):
                                     for _ in range(config.num_hidden_layers))
         self.norm = SDARRMSNorm(config.hidden_size, config.rms_norm_eps).to(device=device, dtype=dtype)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype)
-        has_gemm = backend is not None and BACKENDS[backend].gemm is not None
-        self.variant = "fp8_producers" if has_gemm else "plain"
-        self._impl = _producer_impl(BACKENDS[backend].scheme, self.producers) if has_gemm else None
-
-    @property
-    def mask_token_id(self) -> int:
-        return self.config.mask_token_id
+        self.variant, self._impl = forward_variant(backend, self.producers)
 
     def sync_from(self, master: nn.Module, gather=None, full=None) -> None:
         """Refill this copy from the master in place (fp8/sync.py `sync_weights` calls it; `gather` / `full` for an
         FSDP2-sharded master, train/fsdp_sync.py)."""
         sync_fused_sdar(master, self, gather=gather, full=full)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | slice | None = None, kv_cache: KVCache | None = None,
