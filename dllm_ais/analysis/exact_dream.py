@@ -20,11 +20,9 @@ selection term at the package's floor (LOG_ZERO: probability ≤ e^−30, an imp
 
 from __future__ import annotations
 
-from itertools import combinations, product
-
 import torch
 
-from dllm_ais.analysis.exact_sampler import canvas_table
+from dllm_ais.analysis.exact_sampler import canvas_table, commit_children
 from dllm_ais.analysis.exact_testbed import sequence_index
 from dllm_ais.likelihood.selection import LOG_ZERO
 from dllm_ais.models.dream.selection import DreamRule, dream_selection_logprob, proposal_logprob
@@ -51,7 +49,6 @@ def edges(logits: torch.Tensor, vocab: int, alg: str, mask_id: int) -> list[tupl
     for a step that commits nothing. logits [n, C, L, V] (shifted, every canvas)."""
     n, C, L, V = logits.shape
     digits = canvas_table(vocab, L)  # [C, L]
-    base = vocab + 1
     rule = DreamRule(alg, 1.0, mask_id)
     out, masks = [], L
     for k in schedule(L):
@@ -61,16 +58,11 @@ def edges(logits: torch.Tensor, vocab: int, alg: str, mask_id: int) -> list[tupl
         par, kid, tok, com = [], [], [], []
         for c in (digits == 0).sum(-1).eq(masks).nonzero().squeeze(-1).tolist():
             free = [j for j in range(L) if digits[c, j] == 0]
-            for pos in combinations(free, k):
-                for ys in product(range(vocab), repeat=k):
-                    t = torch.zeros(L, dtype=torch.long)
-                    m = torch.zeros(L, dtype=torch.bool)
-                    for j, y in zip(pos, ys, strict=True):
-                        t[j], m[j] = y, True
-                    par.append(c)
-                    kid.append(c + sum((y + 1) * base ** j for j, y in zip(pos, ys, strict=True)))
-                    tok.append(t)
-                    com.append(m)
+            for child, t, m in commit_children(c, free, (k,), vocab, L):
+                par.append(c)
+                kid.append(child)
+                tok.append(t)
+                com.append(m)
         par_t, tok_t, com_t = torch.tensor(par), torch.stack(tok), torch.stack(com)  # [E], [E, L], [E, L]
         E = len(par)
         z = logits[:, par_t].reshape(n * E, L, V)

@@ -22,6 +22,7 @@ Canvas digits: 0 = masked, d = token d − 1; canvas index Σ_j d_j (V_c + 1)^j,
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import combinations, product
 
 import torch
 
@@ -31,6 +32,23 @@ from dllm_ais.analysis.exact_testbed import all_sequences, sequence_index
 def canvas_table(vocab: int, length: int) -> torch.Tensor:
     """All partial canvases as digits, [(V_c + 1)^L, L] long (0 = masked, d = token d − 1)."""
     return all_sequences(vocab + 1, length)
+
+
+def commit_children(canvas: int, free: list[int], sizes, vocab: int, width: int, offset: int = 0):
+    """Every commit from canvas index `canvas` (canvas_table's digits, base V_c + 1): `size` of the masked slots
+    `free` (offsets within a window of `width` slots starting at canvas column `offset`) get tokens, for each size
+    in `sizes`. Yields (child canvas index, tokens [width] long, committed [width] bool), slots in combinations
+    order, tokens in product order."""
+    base = vocab + 1
+    for size in sizes:
+        for pos in combinations(free, size):
+            for ys in product(range(vocab), repeat=size):
+                tokens = torch.zeros(width, dtype=torch.long)
+                committed = torch.zeros(width, dtype=torch.bool)
+                for j, y in zip(pos, ys, strict=True):
+                    tokens[j], committed[j] = y, True
+                yield canvas + sum((y + 1) * base ** (offset + j) for j, y in zip(pos, ys, strict=True)), tokens, \
+                    committed
 
 
 def canvas_logits(model, prompts: torch.Tensor, canvases: torch.Tensor, mask_id: int, chunk: int = 4096

@@ -37,12 +37,12 @@ are not SDAR's: under block-causal attention a block's logits would see masked e
 from __future__ import annotations
 
 import math
-from itertools import combinations, product
+from itertools import combinations
 
 import torch
 
 from dllm_ais.analysis import estimator_draws as D
-from dllm_ais.analysis.exact_sampler import canvas_table
+from dllm_ais.analysis.exact_sampler import canvas_table, commit_children
 from dllm_ais.analysis.exact_testbed import SDAR_BLOCK, all_sequences, sequence_index
 from dllm_ais.likelihood.selection import LOG_ZERO
 from dllm_ais.models.sdar.selection import SDARRule, proposal_logprob, selection_logprob, transfer_counts
@@ -73,7 +73,6 @@ def _walk(logits: torch.Tensor, vocab: int, rule: str, mask_id: int, threshold: 
     Lb, S = SDAR_BLOCK, SDAR_BLOCK
     quota = transfer_counts(Lb, S)
     digits = canvas_table(vocab, L)
-    base = vocab + 1
     r = rule_of(rule, mask_id, threshold)
     prob = logits.new_zeros(n, C * S)
     prob[:, 0] = 1.0
@@ -86,17 +85,11 @@ def _walk(logits: torch.Tensor, vocab: int, rule: str, mask_id: int, threshold: 
             par, kid, tok, com = [], [], [], []
             for c in live:
                 free = [j for j in range(Lb) if digits[c, lo + j] == 0]
-                for size in range(1, len(free) + 1):
-                    for pos in combinations(free, size):
-                        for ys in product(range(vocab), repeat=size):
-                            t = torch.zeros(Lb, dtype=torch.long)
-                            m = torch.zeros(Lb, dtype=torch.bool)
-                            for j, y in zip(pos, ys, strict=True):
-                                t[j], m[j] = y, True
-                            par.append(c)
-                            kid.append(c + sum((y + 1) * base ** (lo + j) for j, y in zip(pos, ys, strict=True)))
-                            tok.append(t)
-                            com.append(m)
+                for child, t, m in commit_children(c, free, range(1, len(free) + 1), vocab, Lb, offset=lo):
+                    par.append(c)
+                    kid.append(child)
+                    tok.append(t)
+                    com.append(m)
             if not par:
                 continue
             par_t, kid_t, E = torch.tensor(par), torch.tensor(kid), len(par)
