@@ -287,10 +287,7 @@ def path_moments(sp: Space, paths: list, merge: int) -> Moments:
             means[k] += w * v
             seconds[k] += w * torch.outer(v, v)
             rows[k] += w * -(-len(steps) // merge)
-    mean = means[None].expand(2, -1, -1)
-    node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None], torch.ones(1, 1,
-                                                                                            dtype=torch.float64))
-    return Moments("T", (node,), rows)
+    return single_node("T", means, seconds, rows)
 
 
 def recorded_moments(sets: list, sp: Space, fn) -> Moments:
@@ -305,7 +302,12 @@ def recorded_moments(sets: list, sp: Space, fn) -> Moments:
     for k, ps in enumerate(sets):
         if ps is not None:
             means[k], seconds[k], rows[k] = fn(ps)
+    return single_node("A", means, seconds, rows)
+
+
+def single_node(family: str, means: torch.Tensor, seconds: torch.Tensor, rows: torch.Tensor) -> Moments:
+    """Moments of a likelihood whose rows are drawn independently given their completions: one node holding each
+    completion's exact feature mean [K, Q] and second moment [K, Q, Q] (both group halves alike), rows [K]."""
     mean = means[None].expand(2, -1, -1)
-    node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None],
-                torch.ones(1, 1, dtype=torch.float64))
-    return Moments("A", (node,), rows)
+    node = Node(1.0, mean, seconds[None].expand(2, -1, -1, -1), mean[..., None], torch.ones(1, 1, dtype=torch.float64))
+    return Moments(family, (node,), rows)

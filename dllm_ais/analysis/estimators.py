@@ -302,6 +302,22 @@ def recorded_rows(family: str, sp: D.Space, logits, feats: Features, tg: Target,
     return res
 
 
+def trained_models(cfg: EstimatorsConfig):
+    """Every (family, seed, checkpoint) model of the testbed, built and SFT'd as `run` analyses it: yields (family,
+    seed, checkpoint, model in eval mode at that checkpoint, the seed's prompts); one model per family and seed, its
+    weights reloaded per checkpoint."""
+    for family in cfg.families:
+        for seed in cfg.seeds:
+            tbc = tb.TestbedConfig(**{**asdict(cfg.testbed), "seed": seed})
+            model = MAKE[family](tbc)
+            states = tb.sft_checkpoints(model, tbc, cfg.checkpoints, family=family, lr=cfg.sft_lr)
+            prompts = tb.draw_prompts(tbc)
+            for ck in cfg.checkpoints:
+                model.load_state_dict(states[ck])
+                model.eval()
+                yield family, seed, ck, model, prompts
+
+
 def supplement_recorded(doc: dict, cfg: EstimatorsConfig, log=print) -> dict:
     """A stored results document with MDPO's and d-TreeRPO's rows added (they joined after it was computed): every
     model rebuilt as `run` builds it, and its J, ‖g*‖² and ‖∇J‖² per sampler must equal the stored ones bit for bit
@@ -314,28 +330,20 @@ def supplement_recorded(doc: dict, cfg: EstimatorsConfig, log=print) -> dict:
     t0 = time.perf_counter()
     tbc = cfg.testbed
     sp = D.Space(tbc.prompt_len, tbc.gen_length)
-    for family in cfg.families:
-        for seed in cfg.seeds:
-            t = tb.TestbedConfig(**{**asdict(tbc), "seed": seed})
-            model = MAKE[family](t)
-            states = tb.sft_checkpoints(model, t, cfg.checkpoints, family=family, lr=cfg.sft_lr)
-            prompts = tb.draw_prompts(t)
-            for ck in cfg.checkpoints:
-                model.load_state_dict(states[ck])
-                model.eval()
-                feats = feature_gradients(model, prompts, t.vocab, t.gen_length)
-                with torch.no_grad():
-                    logits = canvas_logits(logits_view(model), prompts, canvas_table(t.vocab, t.gen_length), t.mask_id)
-                for rule in RULES[family]:
-                    tg = target(model, prompts, logits, cfg, rule, family)
-                    old = doc["per_model"][model_key(family, seed, ck)][rule]
-                    now = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),
-                           "grad_j_norm_sq": float(tg.grad_j @ tg.grad_j)}
-                    if any(old[k] != v for k, v in now.items()):
-                        raise ValueError(f"{model_key(family, seed, ck)} {rule}: J / ‖g*‖² differ from the stored "
-                                         f"ones ({now} vs {[old[k] for k in now]}): rerun instead.")
-                    old["estimators"].update(recorded_rows(family, sp, logits, feats, tg, cfg, rule))
-                log(f"{family} seed {seed} checkpoint {ck}: {time.perf_counter() - t0:.0f} s")
+    for family, seed, ck, model, prompts in trained_models(cfg):
+        feats = feature_gradients(model, prompts, tbc.vocab, tbc.gen_length)
+        with torch.no_grad():
+            logits = canvas_logits(logits_view(model), prompts, canvas_table(tbc.vocab, tbc.gen_length), tbc.mask_id)
+        for rule in RULES[family]:
+            tg = target(model, prompts, logits, cfg, rule, family)
+            old = doc["per_model"][model_key(family, seed, ck)][rule]
+            now = {"J": tg.J, "g_star_norm_sq": float(tg.g_star @ tg.g_star),
+                   "grad_j_norm_sq": float(tg.grad_j @ tg.grad_j)}
+            if any(old[k] != v for k, v in now.items()):
+                raise ValueError(f"{model_key(family, seed, ck)} {rule}: J / ‖g*‖² differ from the stored "
+                                 f"ones ({now} vs {[old[k] for k in now]}): rerun instead.")
+            old["estimators"].update(recorded_rows(family, sp, logits, feats, tg, cfg, rule))
+        log(f"{family} seed {seed} checkpoint {ck}: {time.perf_counter() - t0:.0f} s")
     doc["impossible_budgets"] = impossible_budgets(tbc.gen_length, cfg.budgets)
     return doc
 
@@ -360,17 +368,9 @@ def run(cfg: EstimatorsConfig, out_dir: Path | None, log=print) -> dict:
     t0, load0 = time.perf_counter(), os.getloadavg()
     masks = mask_moments(cfg)
     per_seed = {}
-    for family in cfg.families:
-        for seed in cfg.seeds:
-            tbc = tb.TestbedConfig(**{**asdict(cfg.testbed), "seed": seed})
-            model = MAKE[family](tbc)
-            states = tb.sft_checkpoints(model, tbc, cfg.checkpoints, family=family, lr=cfg.sft_lr)
-            prompts = tb.draw_prompts(tbc)
-            for ck in cfg.checkpoints:
-                model.load_state_dict(states[ck])
-                model.eval()
-                per_seed[model_key(family, seed, ck)] = analyse_model(model, prompts, cfg, masks, seed, family)
-                log(f"{family} seed {seed} checkpoint {ck}: {time.perf_counter() - t0:.0f} s")
+    for family, seed, ck, model, prompts in trained_models(cfg):
+        per_seed[model_key(family, seed, ck)] = analyse_model(model, prompts, cfg, masks, seed, family)
+        log(f"{family} seed {seed} checkpoint {ck}: {time.perf_counter() - t0:.0f} s")
     doc = {"config": asdict(cfg), "impossible_budgets": impossible_budgets(cfg.testbed.gen_length, cfg.budgets),
            "per_model": per_seed}
     doc["summary"] = summarise(doc)
