@@ -29,12 +29,8 @@ ESTIMATOR_OF = "estimator"
 def seconds_per_step(result: dict, run_dir: Path | None = None) -> float:
     """Mean wall-clock seconds of a GRPO step: the run's metrics.jsonl `time/step` rows (the steps alone, whichever
     process ran them: a resumed run's result.json wall_s covers only what the last process did), else wall_s."""
-    rows = []
-    if run_dir is not None and (run_dir / "metrics.jsonl").is_file():
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            if M.time_key("step") in row:
-                rows.append(float(row[M.time_key("step")]))
+    key = M.time_key("step")
+    rows = [float(r[key]) for r in M.read_metrics(run_dir) if key in r] if run_dir is not None else []
     if rows:
         return sum(rows) / len(rows)
     return result["wall_s"] / max(result["steps"], 1)
@@ -211,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary, figs = {"tasks": {}}, {}
+    summary, figs, studies = {"tasks": {}}, {}, {}  # studies: each plan's own summary.json (read once)
     for item in args.plan:
         plan_path, work = item.rsplit(":", 1)
         doc = tomllib.loads(Path(plan_path).read_text())
@@ -221,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "baseline": doc["plan"].get("baseline"),
                                   "family": get_preset(doc["plan"]["preset"]).model.family,
                                   "arms": summarise(Path(work), doc)}
-        summary["tasks"][task]["learned"] = testbed_learned(plan_summary(out, task))
+        studies[task] = plan_summary(out, task)
+        summary["tasks"][task]["learned"] = testbed_learned(studies[task])
         figs[task] = curves(Path(work), doc)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     write_figure(figs, out / "curves.png")
@@ -244,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{ratio['mean']:.2f} [{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}]")
             lines.append(f"| {arm} | {cell('final_reward')} | {cell('auc')} | {cell('seconds_per_step')} | "
                          f"{ratio} | {len(e['auc']['per_seed'])} |")
-        lines += [""] + holm_lines(plan_summary(out, task))
+        lines += [""] + holm_lines(studies[task])
     (out / "README.md").write_text("\n".join(lines))
     print(f"wrote {out}")
     return 0
