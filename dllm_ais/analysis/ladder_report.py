@@ -78,12 +78,19 @@ def aggregate(contexts: dict[str, dict], b: str) -> dict[str, dict]:
     return out
 
 
+def point_best(agg: dict[str, dict]) -> list[str]:
+    """The estimators point-best (rank 1) in the most contexts of an `aggregate`, sorted; [] when it is empty."""
+    if not agg:
+        return []
+    top = max(a["best"] for a in agg.values())
+    return sorted(k for k, a in agg.items() if a["best"] == top)
+
+
 def answer(agg: dict[str, dict]) -> str:
     """The estimators that are point-best in the most contexts, with how often they can be best."""
-    if not agg:
+    names = point_best(agg)
+    if not names:
         return "—"
-    top = max(a["best"] for a in agg.values())
-    names = sorted(k for k, a in agg.items() if a["best"] == top)
     return "; ".join(f"{k} (best in {agg[k]['best']}/{agg[k]['n']}"
                      + (f", robust in {agg[k]['robust']}/{agg[k]['n']}" if "robust" in agg[k] else "")
                      + f", can be best in {agg[k]['can_be_best']}/{agg[k]['n']})" for k in names)

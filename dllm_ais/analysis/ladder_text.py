@@ -3,7 +3,7 @@ the rungs disagree, the rank table and links to each rung's own report."""
 
 from __future__ import annotations
 
-from dllm_ais.analysis.ladder_report import BUDGETS, aggregate, answer
+from dllm_ais.analysis.ladder_report import BUDGETS, aggregate, answer, point_best
 
 ISSUE_PATHS = 100_000
 """Paths per rung-2 cell issue 40 asks for (≥ 10⁵)."""
@@ -111,11 +111,7 @@ def scale(rung: str, docs: dict) -> str:
 
 
 def _best(contexts: dict, b: str) -> set[str]:
-    agg = aggregate(contexts, b)
-    if not agg:
-        return set()
-    top = max(a["best"] for a in agg.values())
-    return {k for k, a in agg.items() if a["best"] == top}
+    return set(point_best(aggregate(contexts, b)))
 
 
 def by_family(rungs: dict[str, dict]) -> list[str]:
